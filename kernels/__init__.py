@@ -1,0 +1,23 @@
+"""Neural Network Kernels: the package behind the executable book.
+
+Each module implements the methods one chapter derives (see ``chapters/``):
+
+* :mod:`kernels.ntk` -- empirical and infinite-width neural tangent kernels (chapter 1).
+
+Shared plumbing lives in :mod:`kernels.device` (device selection) and
+:mod:`kernels._checks` (argument validation).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+#: Root of the source tree this package was imported from. A test uses it to make
+#: sure ``import kernels`` resolves to this repository and not to the unrelated
+#: PyPI distribution that also installs a top-level ``kernels`` package.
+PACKAGE_DIR = Path(__file__).resolve().parent
+IS_NN_KERNELS_BOOK = True
+
+__all__ = ["PACKAGE_DIR", "IS_NN_KERNELS_BOOK", "__version__"]
