@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtual environment with the pinned stack.
+#
+#   book/tools/setup_env.sh            # create .venv if needed and install the pins
+#   book/tools/setup_env.sh --relock   # re-resolve from pyproject.toml and rewrite the pins
+#
+# Both README commands (make book, make test) call this first. It is idempotent: a
+# stamp file records the hash of constraints.txt + pyproject.toml, so an unchanged
+# environment is not reinstalled.
+#
+# Variables: PYTHON (interpreter to build the venv from, default python3),
+# VENV (default .venv), TORCH_INDEX_URL (index holding CPU-only torch wheels, default
+# the PyTorch CPU index; set it empty to use only the default package index).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH_INDEX_URL=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
+PIP_PIN="pip==26.3"
+relock=0
+[ "${1:-}" = "--relock" ] && relock=1
+
+want=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
+stamp="$VENV/.nn-kernels-book-installed"
+if [ $relock = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+
+if ! "$PYTHON" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] <= (3, 12)))'; then
+    echo "setup_env: $PYTHON is $("$PYTHON" --version 2>&1); Python 3.10-3.12 is required" \
+         "(the pins were resolved on 3.11). Set PYTHON=/path/to/python3.11." >&2
+    exit 1
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup_env: creating $VENV with $("$PYTHON" --version 2>&1)"
+    "$PYTHON" -m venv "$VENV"
+fi
+pip=("$VENV/bin/python" -m pip)
+"${pip[@]}" install --quiet "$PIP_PIN"
+
+# torch: the CPU build. On the PyPI index a plain 'torch' for Linux pulls several GB
+# of CUDA libraries; the PyTorch CPU index serves 'torch==X+cpu', which satisfies the
+# 'torch==X' pin and is preferred (a local version sorts above the plain one).
+# Machines without access to that index (offline mirrors, or this project's CI, which
+# has a local CPU wheel on its find-links path) skip it.
+torch_args=()
+if [ -n "$TORCH_INDEX_URL" ] && "$VENV/bin/python" - "$TORCH_INDEX_URL" <<'PY'
+import sys, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=5)
+except Exception:
+    sys.exit(1)
+PY
+then
+    torch_args=(--extra-index-url "$TORCH_INDEX_URL")
+else
+    echo "setup_env: $TORCH_INDEX_URL not reachable; taking torch from the configured index/find-links"
+fi
+
+if [ $relock = 1 ]; then
+    # Resolve afresh from pyproject.toml's ranges, then freeze the result.
+    "${pip[@]}" install "${torch_args[@]}" "torch==$(grep -E '^torch==' constraints.txt | cut -d= -f3)"
+    "${pip[@]}" install -e ".[test]"
+    {
+        echo "# Pinned environment for the book, the tests and the benchmarks (Python 3.11, Linux x86-64)."
+        echo "# Used as a pip constraints file by book/tools/setup_env.sh; environment.yml mirrors it."
+        echo "# Regenerate with: book/tools/setup_env.sh --relock (see README, 'Pins')."
+        "${pip[@]}" freeze --exclude-editable | sed -E 's/^(torch==[^+]*)\+cpu$/\1/'
+    } > constraints.txt
+    "$VENV/bin/python" book/tools/lock.py --write-environment
+    want=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
+else
+    "${pip[@]}" install --quiet "${torch_args[@]}" -c constraints.txt torch
+    "${pip[@]}" install --quiet -c constraints.txt -e ".[test]"
+fi
+echo "$want" > "$stamp"
+echo "setup_env: $VENV is ready ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
