@@ -106,6 +106,7 @@ def run_one(
     out_dir: Path,
     threads: int,
     block_network: bool = True,
+    chapters_dir: Path = CHAPTERS,
 ) -> Result:
     """Execute one chapter; never raises for a failing notebook (the Result says so)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -117,8 +118,8 @@ def run_one(
         yaml.safe_dump(spec["parameters"], fh)
         params_file = fh.name
     cmd = [
-        sys.executable, "-m", "papermill", str(CHAPTERS / f"{chapter}.ipynb"), str(output),
-        "-f", params_file, "--cwd", str(CHAPTERS), "-k", "python3",
+        sys.executable, "-m", "papermill", str(chapters_dir / f"{chapter}.ipynb"), str(output),
+        "-f", params_file, "--cwd", str(chapters_dir), "-k", "python3",
         "--no-progress-bar", "--log-level", "WARNING",
     ]
     start = time.perf_counter()

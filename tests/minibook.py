@@ -1,0 +1,40 @@
+"""A two-page book built with the project's own ``_config.yml``, for platform tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from nbfactory import write_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+JUPYTER_BOOK = str(Path(sys.executable).with_name("jupyter-book"))
+
+
+def make_book(dest: Path, cells: list) -> Path:
+    """Write a book whose only chapter is a notebook with ``cells``."""
+    (dest / "book" / "_static").mkdir(parents=True)
+    shutil.copy2(ROOT / "_config.yml", dest / "_config.yml")
+    shutil.copy2(ROOT / "book" / "references.bib", dest / "book" / "references.bib")
+    shutil.copytree(ROOT / "book" / "_ext", dest / "book" / "_ext")
+    vendor = ROOT / "book" / "_static" / "vendor"
+    if vendor.exists():
+        shutil.copytree(vendor, dest / "book" / "_static" / "vendor")
+    (dest / "book" / "intro.md").write_text("# Mini book\n\nA page.\n")
+    toc = {"format": "jb-book", "root": "book/intro",
+           "chapters": [{"file": "chapters/page"}]}
+    (dest / "_toc.yml").write_text(yaml.safe_dump(toc))
+    write_notebook(dest / "chapters" / "page.ipynb", [("md", "# Page"), *cells])
+    return dest
+
+
+def build(book: Path) -> subprocess.CompletedProcess:
+    """Build exactly as the project does: -W -n --keep-going."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([JUPYTER_BOOK, "build", str(book), "-W", "-n", "--keep-going"],
+                          capture_output=True, text=True, env=env)

@@ -1,0 +1,89 @@
+"""How the book is built: re-execution, failures, warnings, widgets, launch buttons.
+
+These build a two-page book with the project's own ``_config.yml`` (a few seconds
+each), so they check the configuration itself rather than any chapter.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from browser import chromium, render, serve
+from minibook import ROOT, build, make_book
+
+TOKEN = ("code", "import time\nprint('token', time.time_ns())")
+WIDGET = ("code", "import ipywidgets as w\n"
+                  "w.interactive(lambda n=3: print('square', n * n), n=(1, 10))")
+FIGURE = ("code", "import matplotlib.pyplot as plt\n"
+                  "fig, ax = plt.subplots()\nax.plot([1, 2, 3])\nax.set_title('static')\nplt.show()")
+RENDERED_SLIDER = re.compile(r'class="[^"]*\bwidget-slider\b')
+
+
+@pytest.fixture(scope="module")
+def widget_book(tmp_path_factory) -> Path:
+    book = make_book(tmp_path_factory.mktemp("widget_book"), [TOKEN, WIDGET, FIGURE])
+    proc = build(book)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return book
+
+
+def _page(book: Path) -> str:
+    return (book / "_build" / "html" / "chapters" / "page.html").read_text()
+
+
+def test_unchanged_rebuild_executes_again(widget_book: Path) -> None:
+    first = re.findall(r"token \d+", _page(widget_book))
+    proc = build(widget_book)
+    assert proc.returncode == 0
+    second = re.findall(r"token \d+", _page(widget_book))
+    assert first and second and first != second, "the rebuild reused stale outputs"
+
+
+def test_raising_notebook_fails_the_build(tmp_path: Path) -> None:
+    book = make_book(tmp_path, [("code", "raise RuntimeError('boom in cell')")])
+    proc = build(book)
+    assert proc.returncode != 0
+    assert "boom in cell" in proc.stdout + proc.stderr
+
+
+def test_warning_fails_the_build(tmp_path: Path) -> None:
+    book = make_book(tmp_path, [("md", "A citation that does not exist {cite}`no_such_key`.")])
+    proc = build(book)
+    assert proc.returncode != 0
+    assert "no_such_key" in proc.stdout + proc.stderr
+
+
+def test_widget_scripts_are_served_with_the_book(widget_book: Path) -> None:
+    html = _page(widget_book)
+    assert "application/vnd.jupyter.widget-state+json" in html, "widget state not embedded"
+    assert "application/vnd.jupyter.widget-view+json" in html
+    srcs = re.findall(r'<script[^>]*\bsrc="([^"]+)"', html)
+    assert any(s.startswith("../_static/vendor/require.js") for s in srcs), srcs
+    assert any(s.startswith("../_static/vendor/html-manager/embed-amd.js") for s in srcs), srcs
+    assert not [s for s in srcs if s.startswith("http")], "a script is loaded from the network"
+    static = widget_book / "_build" / "html" / "_static" / "vendor" / "html-manager"
+    assert (static / "embed-amd.js").stat().st_size > 1_000_000
+
+
+def test_launch_buttons_are_configured(widget_book: Path) -> None:
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["launch_buttons"]["colab_url"].startswith("https://colab")
+    assert config["launch_buttons"]["binderhub_url"].startswith("https://mybinder")
+    assert config["repository"]["url"].startswith("https://github.com/")
+    html = _page(widget_book)
+    assert "colab.research.google.com" in html and "mybinder.org" in html
+
+
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
+def test_widget_renders_offline_in_chromium(widget_book: Path, tmp_path: Path) -> None:
+    html_dir = widget_book / "_build" / "html"
+    assert not RENDERED_SLIDER.search(_page(widget_book)), "slider markup before any script ran"
+    with serve(html_dir) as url:
+        dom = render(f"{url}/chapters/page.html", screenshot=tmp_path / "page.png")
+    assert RENDERED_SLIDER.search(dom), "the embedded widget did not render"
+    assert "square 9" in dom, "the widget's output area did not render"
+    assert re.search(r'<img[^>]+src="[^"]*\.png"', dom), "the static figure is missing"

@@ -1,0 +1,110 @@
+"""Papermill regression: every chapter runs in its ci budget and keeps its claims.
+
+Each chapter records its key results with ``myst_nb.glue``. ``tests/expected/<chapter>.yaml``
+holds, per glued name, the expected value or bounds and the sentence of the chapter's
+text that the check guards. A chapter that raises, runs over its budget, or drifts out
+of tolerance fails here.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import run_chapters
+from glued import read_glued
+
+EXPECTED = Path(__file__).resolve().parent / "expected"
+CHAPTERS = run_chapters.chapter_names()
+CRITERIA = {"value", "atol", "rtol", "min", "max", "less_than", "greater_than", "equals"}
+
+
+def load_expected(chapter: str) -> dict[str, Any]:
+    path = EXPECTED / f"{chapter}.yaml"
+    return yaml.safe_load(path.read_text()) if path.exists() else {}
+
+
+def check_value(name: str, got: Any, spec: dict[str, Any], glued: dict[str, Any]) -> list[str]:
+    """Return the list of violated criteria (empty when the check holds)."""
+    errors = []
+    if "equals" in spec and got != spec["equals"]:
+        errors.append(f"{name} = {got!r}, expected {spec['equals']!r}")
+    numeric = {"value", "min", "max", "less_than", "greater_than"} & set(spec)
+    if numeric:
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+            return errors + [f"{name} = {got!r} is not a finite number"]
+    if "value" in spec:
+        tol = spec.get("atol", 0.0) + spec.get("rtol", 0.0) * abs(spec["value"])
+        if abs(got - spec["value"]) > tol:
+            errors.append(f"{name} = {got:.6g}, expected {spec['value']} ± {tol:.3g}")
+    if "min" in spec and got < spec["min"]:
+        errors.append(f"{name} = {got:.6g} < min {spec['min']}")
+    if "max" in spec and got > spec["max"]:
+        errors.append(f"{name} = {got:.6g} > max {spec['max']}")
+    for key, op, word in (("less_than", float.__lt__, "<"), ("greater_than", float.__gt__, ">")):
+        if key in spec:
+            other = glued.get(spec[key])
+            if other is None:
+                errors.append(f"{name}: the compared value {spec[key]!r} was not glued")
+            elif not op(float(got), float(other)):
+                errors.append(f"{name} = {got:.6g} is not {word} {spec[key]} = {other:.6g}")
+    return errors
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_expected_file_is_well_formed(chapter: str) -> None:
+    data = load_expected(chapter)
+    assert data, f"tests/expected/{chapter}.yaml is missing or empty"
+    assert data.get("chapter") == chapter
+    checks = data.get("checks") or {}
+    assert checks, f"{chapter}: no checks"
+    for name, spec in checks.items():
+        assert isinstance(spec.get("claim"), str) and len(spec["claim"]) > 10, (
+            f"{chapter}/{name}: each check names the claim of the text it guards")
+        criteria = set(spec) - {"claim"}
+        assert criteria <= CRITERIA, f"{chapter}/{name}: unknown keys {criteria - CRITERIA}"
+        assert criteria - {"atol", "rtol"}, f"{chapter}/{name}: no criterion"
+        if "value" in spec:
+            assert "atol" in spec or "rtol" in spec, f"{chapter}/{name}: value needs atol/rtol"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_executes_within_budget(executed_chapters, chapter: str) -> None:
+    result = executed_chapters[chapter]
+    assert result.status == "ok", (
+        f"{chapter} ({result.profile}) {result.status} after {result.seconds:.0f} s: "
+        f"{result.message}; log: {Path(result.output).with_suffix('.log')}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "chapter,name",
+    [(c, n) for c in CHAPTERS for n in (load_expected(c).get("checks") or {})],
+)
+def test_glued_result_matches_expected(executed_chapters, chapter: str, name: str) -> None:
+    result = executed_chapters[chapter]
+    if result.status != "ok":
+        pytest.fail(f"{chapter} did not execute ({result.status}); see its own test")
+    glued = read_glued(result.output)
+    spec = load_expected(chapter)["checks"][name]
+    assert name in glued, f"{chapter} did not glue {name!r} (glued: {sorted(glued)})"
+    errors = check_value(name, glued[name], spec, glued)
+    assert not errors, f"{chapter}: claim '{spec['claim']}' fails: " + "; ".join(errors)
+
+
+def test_check_value_catches_violations() -> None:
+    glued = {"a": 1.0, "b": 2.0}
+    assert check_value("a", 1.0, {"value": 1.1, "atol": 0.2}, glued) == []
+    assert check_value("a", 1.0, {"value": 1.5, "atol": 0.2}, glued)
+    assert check_value("a", 1.0, {"max": 0.5}, glued)
+    assert check_value("a", 1.0, {"min": 2.0}, glued)
+    assert check_value("a", 1.0, {"less_than": "b"}, glued) == []
+    assert check_value("b", 2.0, {"less_than": "a"}, glued)
+    assert check_value("a", 1.0, {"greater_than": "missing"}, glued)
+    assert check_value("a", float("nan"), {"min": 0.0}, glued)
+    assert check_value("f", True, {"equals": False}, glued)

@@ -1,0 +1,87 @@
+"""Conventions every chapter notebook keeps (see the README, 'Writing a chapter')."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+import run_chapters
+
+NOTEBOOKS = sorted(run_chapters.CHAPTERS.glob("*.ipynb"))
+IDS = [p.stem for p in NOTEBOOKS]
+INSTALL = re.compile(r"(^|[\s!%])(pip|pip3|conda|mamba)\s+install\b", re.M)
+# Code that reaches the network on its own. Fetchers for full-size data live in
+# data_scripts/ and must not be called by the default (ci) profile; the runner's
+# offline guard is the dynamic check, this is the static one.
+NETWORK_CALLS = re.compile(
+    r"\b(urllib\.request|urlopen|requests\.(get|post)|http\.client|socket\.create_connection|"
+    r"snapshot_download|hf_hub_download)\b")
+
+
+def test_there_are_chapters() -> None:
+    assert NOTEBOOKS, "chapters/ holds no notebook"
+
+
+def _nb(path: Path):
+    return nbformat.read(str(path), as_version=4)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_stored_without_outputs(path: Path) -> None:
+    for i, cell in enumerate(_nb(path).cells):
+        if cell.cell_type == "code":
+            assert not cell.outputs, f"{path.name} cell {i} has outputs: clear them before commit"
+            assert cell.execution_count is None, f"{path.name} cell {i} has an execution count"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_one_parameters_cell_of_literals(path: Path) -> None:
+    cells = [c for c in _nb(path).cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, f"{path.name}: {len(cells)} cells tagged 'parameters', expected 1"
+    assert cells[0].cell_type == "code"
+    tree = ast.parse(cells[0].source)
+    names = []
+    for stmt in tree.body:
+        assert isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(
+            stmt.targets[0], ast.Name), f"{path.name}: parameters cell must hold plain assignments"
+        ast.literal_eval(stmt.value)  # raises for anything but a literal
+        names.append(stmt.targets[0].id)
+    assert names, f"{path.name}: parameters cell is empty"
+    ci = run_chapters.load_profile("ci")[path.stem]["parameters"]
+    unknown = set(ci) - set(names)
+    assert not unknown, f"book/profiles.yaml ci/{path.stem} sets unknown parameters {unknown}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_package_installs(path: Path) -> None:
+    for i, cell in enumerate(_nb(path).cells):
+        if cell.cell_type == "code":
+            assert not INSTALL.search(cell.source), f"{path.name} cell {i} installs packages"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_network_calls_in_notebook(path: Path) -> None:
+    for i, cell in enumerate(_nb(path).cells):
+        if cell.cell_type == "code":
+            m = NETWORK_CALLS.search(cell.source)
+            assert not m, f"{path.name} cell {i} reaches the network ({m.group(0)})"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_title_and_kernel(path: Path) -> None:
+    nb = _nb(path)
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), (
+        f"{path.name}: the first cell is the page title")
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+
+
+def test_every_chapter_is_in_the_toc() -> None:
+    toc = yaml.safe_load((run_chapters.ROOT / "_toc.yml").read_text())
+    files = {c["file"] for part in toc["parts"] for c in part["chapters"]}
+    for path in NOTEBOOKS:
+        assert f"chapters/{path.stem}" in files, f"{path.name} is not in _toc.yml"

@@ -1,0 +1,50 @@
+"""The imported ``kernels`` is this repository's, and device selection never fails."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from kernels import device
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_kernels_is_this_repository() -> None:
+    # An unrelated PyPI distribution also installs a top-level ``kernels`` package.
+    assert Path(kernels.__file__).resolve().parent == ROOT / "kernels"
+    assert getattr(kernels, "IS_NN_KERNELS_BOOK", False) is True
+    dist = metadata.distribution("nn-kernels-book")
+    assert dist.version == kernels.__version__
+    # The installed distribution is editable and points at this source tree.
+    assert set(metadata.packages_distributions().get("kernels", [])) == {"nn-kernels-book"}
+
+
+def test_default_device_matches_torch() -> None:
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert device.default_device().type == want
+    assert device.resolve_device(None).type == want
+    assert device.resolve_device("cpu") == torch.device("cpu")
+
+
+def test_resolve_device_errors() -> None:
+    with pytest.raises(TypeError, match="device"):
+        device.resolve_device(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="device"):
+        device.resolve_device("not-a-device")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            device.resolve_device("cuda")
+
+
+def test_cupy_absence_is_not_an_error() -> None:
+    assert isinstance(device.cupy_available(), bool)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+def test_cuda_is_default_when_present() -> None:
+    assert device.default_device().type == "cuda"
