@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up .venv from the pins first.
-#   make book   [PROFILE=ci|full] [CHAPTERS="01_ntk ..."]  -> _build/html
+#   make book   [PROFILE=ci|full] [CHAPTERS="01_ntk ..."] [WIDGETS=cdn]  -> _build/html
 #   make test                                                -> every test
 PROFILE ?= ci
 CHAPTERS ?=
@@ -12,13 +12,13 @@ env:
 	@VENV=$(VENV) bash book/tools/setup_env.sh
 
 book: env
-	$(PY) book/tools/build_book.py --profile $(PROFILE) $(if $(CHAPTERS),--chapters $(CHAPTERS))
+	$(PY) book/tools/build_book.py --profile $(PROFILE) $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(if $(filter cdn,$(WIDGETS)),--widgets-cdn)
 
 test: env
 	$(PY) -m pytest
 
 bench: env
-	$(PY) benchmarks/run_all.py
+	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
 
 clean:
 	rm -rf _build
