@@ -1,0 +1,1147 @@
+"""Neural tangent kernels: finite-width (empirical) and infinite-width (analytic).
+
+This module is the package side of chapter 1 (``chapters/01_ntk.ipynb``). It holds
+
+* the layers of a fully connected network in either parametrization
+  (:class:`NTKLinear`, :class:`Erf`, :func:`fc_network`);
+* the empirical NTK :math:`\\hat\\Theta(x, x') = J(x) J(x')^\\top` of any torch model
+  (:func:`empirical_ntk`), with a fast structured path for MLPs that never forms a
+  Jacobian;
+* the infinite-width NNGP and NTK of :func:`fc_network` (:func:`fc_kernel`);
+* the closed-form gradient-flow dynamics of MSE training in the NTK regime
+  (:func:`gd_mse_predictor`, :func:`mse_loss_curve`);
+* the linearization :math:`f^{lin}` of a network around its initialization
+  (:func:`linearize`).
+
+References (keys of ``book/references.bib`` where present):
+
+* Jacot, Gabriel, Hongler (2018), *Neural Tangent Kernel: Convergence and
+  Generalization in Neural Networks* -- the NTK and its layer recursion.
+* Lee et al. (2019), *Wide Neural Networks of Any Depth Evolve as Linear Models Under
+  Gradient Descent* -- the NTK parametrization table, linearized networks and the
+  closed-form MSE dynamics (their eqs. 9-11).
+* Arora et al. (2019), *On Exact Computation with an Infinitely Wide Neural Net* --
+  the same recursion written as :math:`\\Theta^{(l+1)} = \\Theta^{(l)}\\dot\\Sigma^{(l+1)}
+  + \\Sigma^{(l+1)}`.
+* Novak et al. (2020), *Neural Tangents: Fast and Easy Infinite Neural Networks in
+  Python* -- the reference implementation the tests compare against.
+* Cho & Saul (2009) (arc-cosine kernel, ReLU) and Williams (1997) (erf).
+
+The NTK slides (``ntk-intro-slides``) state the recursions ("NTK: formulas"), the
+parametrization table ("NTK: about parametrization"), the MSE gradient-flow solution
+("Arbitrary function f for MSE loss") and the loss-curve formula ("NTK: training time
+prediction"). Each docstring below names the chapter section that derives it.
+
+Conventions used throughout:
+
+* inputs are ``(n, d)`` tensors: one row per sample;
+* a network with ``depth`` hidden layers has ``depth + 1`` affine layers;
+* the NTK parametrization scales each affine layer by ``W_std / sqrt(fan_in)`` in the
+  forward pass and draws every parameter from ``N(0, 1)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Callable, NamedTuple, Optional, Union
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, jacrev, jvp, vjp, vmap
+
+from kernels._checks import (
+    check_choice,
+    check_nonnegative_float,
+    check_positive_float,
+    check_positive_int,
+    check_same_feature_dim,
+    check_tensor,
+)
+
+__all__ = [
+    "NTKLinear",
+    "Erf",
+    "fc_network",
+    "empirical_ntk",
+    "NTKResult",
+    "fc_kernel",
+    "gd_mse_predictor",
+    "mse_loss_curve",
+    "linearize",
+    "LinearizedModel",
+    "PARAMETERIZATIONS",
+    "ACTIVATIONS",
+    "EMPIRICAL_NTK_METHODS",
+]
+
+#: Parametrizations of an affine layer (slides, "NTK: about parametrization").
+PARAMETERIZATIONS = ("ntk", "standard")
+#: Activations with a closed-form infinite-width kernel in :func:`fc_kernel`.
+ACTIVATIONS = ("relu", "erf")
+#: Methods accepted by :func:`empirical_ntk`.
+EMPIRICAL_NTK_METHODS = ("auto", "jacobian", "jvp", "gram")
+
+
+# --------------------------------------------------------------------------------------
+# Layers
+# --------------------------------------------------------------------------------------
+
+
+class NTKLinear(nn.Module):
+    """Affine layer in the NTK or the standard parametrization.
+
+    With input :math:`x \\in \\mathbb{R}^{n \\times d_{in}}` and parameters
+    ``weight`` :math:`W \\in \\mathbb{R}^{d_{out} \\times d_{in}}` (the ``nn.Linear``
+    layout), ``bias`` :math:`b \\in \\mathbb{R}^{d_{out}}`:
+
+    * ``parameterization="ntk"`` (Jacot et al. 2018; Lee et al. 2019, table 1):
+      :math:`W_{ij}, b_i \\sim \\mathcal N(0, 1)` and
+      :math:`y = \\frac{\\sigma_W}{\\sqrt{d_{in}}} x W^\\top + \\sigma_b b`;
+    * ``parameterization="standard"``: :math:`W_{ij} \\sim \\mathcal N(0,
+      \\sigma_W^2/d_{in})`, :math:`b_i \\sim \\mathcal N(0, \\sigma_b^2)` and
+      :math:`y = x W^\\top + b`.
+
+    Given the same standard-normal noise both parametrizations compute the same
+    function at initialization, but the gradients differ: in the NTK parametrization
+    :math:`\\partial y/\\partial W` carries the factor :math:`\\sigma_W/\\sqrt{d_{in}}`,
+    which keeps the NTK finite as the width grows (slides, "NTK: about
+    parametrization"). Derived in chapter 1 (chapters/01_ntk.ipynb), section
+    "Parametrizations".
+
+    Shapes: ``(n, in_features) -> (n, out_features)``; cost :math:`O(n\\,d_{in} d_{out})`.
+
+    Args:
+        in_features: fan-in :math:`d_{in}` (positive int).
+        out_features: fan-out :math:`d_{out}` (positive int).
+        W_std: weight scale :math:`\\sigma_W > 0`.
+        b_std: bias scale :math:`\\sigma_b \\ge 0`.
+        parameterization: ``"ntk"`` or ``"standard"``.
+        bias: whether the layer has a bias parameter.
+        generator: source of randomness for the initialization (``None``: torch's
+            default generator).
+        dtype: parameter dtype (``None``: ``torch.get_default_dtype()``).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        W_std: float = 1.0,
+        b_std: float = 0.0,
+        parameterization: str = "ntk",
+        bias: bool = True,
+        generator: Optional[torch.Generator] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        super().__init__()
+        self.in_features = check_positive_int("in_features", in_features)
+        self.out_features = check_positive_int("out_features", out_features)
+        self.W_std = check_positive_float("W_std", W_std)
+        self.b_std = check_nonnegative_float("b_std", b_std)
+        self.parameterization = check_choice(
+            "parameterization", parameterization, PARAMETERIZATIONS
+        )
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {bias!r}")
+        _check_generator(generator)
+        dtype = _check_float_dtype("dtype", dtype)
+        device = generator.device if generator is not None else None
+        noise_w = torch.randn(
+            out_features, in_features, generator=generator, dtype=dtype, device=device
+        )
+        # The weight noise is drawn first so that a layer with and without bias gets
+        # the same weights from the same generator state.
+        noise_b = (
+            torch.randn(out_features, generator=generator, dtype=dtype, device=device)
+            if bias
+            else None
+        )
+        if self.parameterization == "standard":
+            noise_w = noise_w * (self.W_std / math.sqrt(in_features))
+            noise_b = None if noise_b is None else noise_b * self.b_std
+        self.weight = nn.Parameter(noise_w)
+        self.bias = None if noise_b is None else nn.Parameter(noise_b)
+
+    @property
+    def weight_scale(self) -> float:
+        """Forward-pass factor multiplying ``x @ W.T`` (``W_std/sqrt(d_in)`` or 1)."""
+        if self.parameterization == "ntk":
+            return self.W_std / math.sqrt(self.in_features)
+        return 1.0
+
+    @property
+    def bias_scale(self) -> float:
+        """Forward-pass factor multiplying ``b`` (``b_std`` or 1)."""
+        return self.b_std if self.parameterization == "ntk" else 1.0
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.nn.functional.linear(x, self.weight)
+        if self.weight_scale != 1.0:
+            y = y * self.weight_scale
+        if self.bias is not None:
+            y = y + self.bias_scale * self.bias
+        return y
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"W_std={self.W_std}, b_std={self.b_std}, "
+            f"parameterization={self.parameterization!r}, bias={self.bias is not None}"
+        )
+
+
+class Erf(nn.Module):
+    """Elementwise error function :math:`\\sigma(u) = \\mathrm{erf}(u)`.
+
+    The activation whose infinite-width kernel Williams (1997) computed in closed form
+    (see :func:`fc_kernel`); neural-tangents calls it ``stax.Erf()``. Shape preserving,
+    :math:`O(\\text{numel})`.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.special.erf(x)
+
+
+def _make_activation(activation: Union[str, nn.Module]) -> nn.Module:
+    if isinstance(activation, nn.Module):
+        return copy.deepcopy(activation)
+    check_choice("activation", activation, ACTIVATIONS)
+    return nn.ReLU() if activation == "relu" else Erf()
+
+
+def fc_network(
+    in_dim: int,
+    width: int,
+    depth: int,
+    out_dim: int = 1,
+    *,
+    activation: Union[str, nn.Module] = "relu",
+    W_std: float = 1.0,
+    b_std: float = 0.0,
+    parameterization: str = "ntk",
+    generator: Optional[torch.Generator] = None,
+    dtype: torch.dtype = torch.float64,
+) -> nn.Sequential:
+    """Fully connected network with ``depth`` hidden layers of size ``width``.
+
+    ``Sequential(NTKLinear(in_dim, width), act, ..., NTKLinear(width, width), act,
+    NTKLinear(width, out_dim))``: ``depth`` blocks (affine layer, activation) followed by
+    an affine readout, every affine layer with the same ``W_std``, ``b_std`` and
+    ``parameterization``. In the NTK parametrization, as ``width -> inf`` its NNGP and
+    NTK are exactly :func:`fc_kernel` ``(..., depth=depth, activation=activation)``, and
+    the architecture is neural-tangents'
+    ``stax.serial(*[Dense(width, W_std, b_std), Relu()] * depth, Dense(out_dim, W_std,
+    b_std))``. Derived in chapter 1 (chapters/01_ntk.ipynb), section "A finite network
+    and its kernel".
+
+    Shapes: ``(n, in_dim) -> (n, out_dim)``; forward cost
+    :math:`O(n\\,(d\\,w + (\\text{depth}-1) w^2 + w\\,k))`.
+
+    Args:
+        activation: ``"relu"``, ``"erf"``, or any ``nn.Module`` (deep-copied into each
+            hidden block; :func:`fc_kernel` only knows the two named ones).
+        generator: randomness for every layer's initialization, consumed layer by layer.
+        dtype: parameter dtype (float64 by default, as the book compares kernels to
+            1e-5 relative precision).
+    """
+    in_dim = check_positive_int("in_dim", in_dim)
+    width = check_positive_int("width", width)
+    depth = check_positive_int("depth", depth)
+    out_dim = check_positive_int("out_dim", out_dim)
+    if not isinstance(activation, (str, nn.Module)):
+        raise TypeError(
+            f"activation must be one of {list(ACTIVATIONS)} or an nn.Module, got {activation!r}"
+        )
+    if isinstance(activation, str):
+        check_choice("activation", activation, ACTIVATIONS)
+    layer_kw = dict(
+        W_std=W_std,
+        b_std=b_std,
+        parameterization=parameterization,
+        generator=generator,
+        dtype=dtype,
+    )
+    layers: list[nn.Module] = []
+    fan_in = in_dim
+    for _ in range(depth):
+        layers += [NTKLinear(fan_in, width, **layer_kw), _make_activation(activation)]
+        fan_in = width
+    layers.append(NTKLinear(fan_in, out_dim, **layer_kw))
+    return nn.Sequential(*layers)
+
+
+# --------------------------------------------------------------------------------------
+# Empirical NTK
+# --------------------------------------------------------------------------------------
+
+
+def empirical_ntk(
+    model: nn.Module,
+    x1: Tensor,
+    x2: Optional[Tensor] = None,
+    *,
+    method: str = "auto",
+    trace_outputs: bool = False,
+    chunk_size: Optional[int] = None,
+) -> Tensor:
+    """Empirical (finite-width) NTK :math:`\\hat\\Theta(x, x') = J(x)\\,J(x')^\\top`.
+
+    :math:`J(x) = \\partial f(x;\\theta)/\\partial\\theta` is the Jacobian of the model
+    output with respect to all *trainable* parameters (``requires_grad=True``) at their
+    current values (Jacot et al. 2018, eq. 4; slides, "Arbitrary function f for MSE
+    loss"). Derived in chapter 1 (chapters/01_ntk.ipynb), section "The empirical NTK".
+
+    Shapes. ``x1``: ``(n1, d)``, ``x2``: ``(n2, d)`` (``None``: ``x2 = x1``, and the
+    symmetry is exploited). If the model returns one scalar per sample (output ``(n,)``
+    or ``(n, 1)``) the result is ``(n1, n2)``. For ``k`` outputs per sample (``(n, k)``)
+    the result is ``(n1, n2, k, k)`` with entry ``[i, j, a, b] = <df_a(x_i)/dθ,
+    df_b(x'_j)/dθ>`` (neural-tangents ``empirical_ntk_fn(..., trace_axes=())``), or
+    ``(n1, n2)`` holding the trace :math:`\\sum_a \\hat\\Theta_{aa}` when
+    ``trace_outputs=True``. neural-tangents' default ``trace_axes=(-1,)`` returns the
+    *mean* :math:`\\frac1k\\sum_a \\hat\\Theta_{aa}` instead, i.e. this trace divided by
+    ``k``; the mean is the per-output kernel that :func:`fc_kernel` and
+    :func:`gd_mse_predictor` expect. The result is detached from the autograd graph, on
+    the model's device, in the model's dtype.
+
+    Methods (``P`` parameters, ``k`` outputs):
+
+    * ``"jacobian"``: per-sample Jacobians with ``torch.func.vmap(jacrev(...))`` over
+      :func:`torch.func.functional_call`, then one contraction per parameter tensor.
+      :math:`O(n P)` backward work, :math:`O(n_1 n_2 k^2 P)` contraction, memory
+      :math:`O((n_1 + n_2) k P)` -- or :math:`O(2\\,c\\,k P)` with ``chunk_size=c``
+      (samples per block; the ``x2`` blocks are recomputed for each ``x1`` block).
+    * ``"jvp"``: NTK-vector products (the torch.func NTK tutorial; Novak et al. 2022,
+      "implementation 2"): for each basis cotangent :math:`e` on the outputs at ``x1``,
+      a VJP gives :math:`J(x_1)^\\top e` and a JVP of the model at ``x2`` in that
+      direction gives one row block :math:`J(x_2) J(x_1)^\\top e`. No contraction over
+      ``P``; memory :math:`O(c P)` for ``c = chunk_size`` basis vectors at a time
+      (all :math:`n_1 k` at once when ``chunk_size`` is ``None``).
+    * ``"gram"``: for an ``nn.Sequential`` of ``nn.Linear``/:class:`NTKLinear` layers and
+      elementwise activations. A layer :math:`z_l = s_W A_{l-1} W_l^\\top + s_b b_l`
+      contributes :math:`(s_W^2\\, A_{l-1} A'^\\top_{l-1} + s_b^2) \\odot
+      (\\Delta_l \\Delta'^\\top_l)`, where :math:`A` are the layer inputs and
+      :math:`\\Delta_l = \\partial f/\\partial z_l` the back-propagated output gradients
+      (one per output index), since :math:`\\partial f/\\partial W_l = s_W
+      \\Delta_l^\\top A_{l-1}`. One batched forward and backward pass and Gram
+      products: :math:`O(k\\,n\\sum_l w_l^2 + k^2 n_1 n_2 \\sum_l w_l)`, no per-parameter
+      Jacobian. This is the fast path.
+    * ``"auto"``: ``"gram"`` when the model has that structure, else ``"jacobian"``.
+
+    Args:
+        model: any ``nn.Module`` mapping ``(n, d)`` to ``(n,)`` or ``(n, k)``; samples
+            must not interact (no batch statistics).
+        x1, x2: inputs with the model's dtype and device.
+        method: one of ``"auto"``, ``"jacobian"``, ``"jvp"``, ``"gram"``.
+        trace_outputs: sum the diagonal output pairs (see above).
+        chunk_size: samples (``"jacobian"``) or basis vectors (``"jvp"``) per block;
+            ignored by ``"gram"``.
+
+    Raises:
+        TypeError: non-module model, non-tensor or integer inputs, dtype different from
+            the model's.
+        ValueError: wrong rank, NaN/inf, mismatched feature dimensions, device mismatch,
+            no trainable parameter, unsupported output shape, ``method="gram"`` on an
+            unsupported architecture.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    method = check_choice("method", method, EMPIRICAL_NTK_METHODS)
+    if not isinstance(trace_outputs, bool):
+        raise TypeError(f"trace_outputs must be a bool, got {trace_outputs!r}")
+    if chunk_size is not None:
+        chunk_size = check_positive_int("chunk_size", chunk_size)
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if not params:
+        raise ValueError("model has no trainable parameter (requires_grad=True)")
+    ref = next(iter(params.values()))
+    x1 = _check_model_input("x1", x1, ref)
+    if x2 is not None:
+        x2 = _check_model_input("x2", x2, ref)
+        check_same_feature_dim("x1", x1, "x2", x2)
+
+    out_shape = _probe_output_shape(model, x1)
+    k = 1 if len(out_shape) == 0 else out_shape[0]
+
+    if method in ("auto", "gram"):
+        layers = _gram_layers(model)
+        if isinstance(layers, str):
+            if method == "gram":
+                raise ValueError(
+                    "method='gram' needs an nn.Sequential of nn.Linear/NTKLinear layers "
+                    f"and elementwise activations; {layers}. Use method='jacobian' or 'jvp'."
+                )
+            method = "jacobian"
+        else:
+            with torch.no_grad():
+                theta = _ntk_gram(layers, x1, x2, k, trace_outputs)
+            return theta
+
+    if method == "jacobian":
+        theta = _ntk_jacobian(model, params, x1, x2, out_shape, chunk_size)
+    else:
+        theta = _ntk_jvp(model, params, x1, x2, out_shape, chunk_size)
+    # theta: (n1, n2, k, k)
+    if k == 1:
+        return theta[:, :, 0, 0]
+    if trace_outputs:
+        return torch.diagonal(theta, dim1=2, dim2=3).sum(-1)
+    return theta
+
+
+def _check_model_input(name: str, x: object, ref: Tensor) -> Tensor:
+    x = check_tensor(name, x, ndim=2)
+    if x.dtype != ref.dtype:
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but the model's parameters are {ref.dtype}; "
+            f"convert with {name}.to({ref.dtype})"
+        )
+    if x.device != ref.device:
+        raise ValueError(
+            f"{name} is on {x.device} but the model's parameters are on {ref.device}; "
+            f"move it with {name}.to({str(ref.device)!r})"
+        )
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} must hold at least one sample, got shape {tuple(x.shape)}")
+    return x
+
+
+def _probe_output_shape(model: nn.Module, x1: Tensor) -> tuple[int, ...]:
+    """Per-sample output shape: ``()`` for a scalar, ``(k,)`` for a vector."""
+    try:
+        with torch.no_grad():
+            out = model(x1[:1])
+    except RuntimeError as exc:
+        raise ValueError(
+            f"model cannot be applied to x1 of shape {tuple(x1.shape)} ({exc})"
+        ) from None
+    if not isinstance(out, Tensor) or out.ndim not in (1, 2) or out.shape[0] != 1:
+        shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(
+            "model must map (n, d) inputs to (n,) or (n, k) outputs; on one sample it "
+            f"returned {shape}"
+        )
+    if out.ndim == 1 or out.shape[1] == 1:
+        return ()
+    return (out.shape[1],)
+
+
+# ---- "gram": structured MLP path -----------------------------------------------------
+
+_ELEMENTWISE = (
+    nn.ReLU,
+    nn.Tanh,
+    nn.GELU,
+    nn.Sigmoid,
+    nn.Identity,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.SELU,
+    nn.CELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Softplus,
+    nn.Hardtanh,
+    nn.ReLU6,
+    nn.Tanhshrink,
+    nn.Softsign,
+    Erf,
+)
+
+
+def _flatten_sequential(module: nn.Module) -> list[nn.Module]:
+    if isinstance(module, nn.Sequential):
+        out: list[nn.Module] = []
+        for child in module:
+            out += _flatten_sequential(child)
+        return out
+    return [module]
+
+
+def _gram_layers(model: nn.Module) -> Union[list[nn.Module], str]:
+    """The flat layer list if ``model`` fits the gram path, else the reason it does not."""
+    if not isinstance(model, nn.Sequential):
+        return f"got {type(model).__name__}"
+    layers = _flatten_sequential(model)
+    for layer in layers:
+        if type(layer) is nn.Linear or isinstance(layer, NTKLinear):
+            continue
+        if type(layer) in _ELEMENTWISE:
+            continue
+        return f"layer {layer!r} is not supported"
+    # Only the parameters the gram path knows may be trainable.
+    known = set()
+    for layer in layers:
+        if isinstance(layer, (nn.Linear, NTKLinear)):
+            known.add(id(layer.weight))
+            if layer.bias is not None:
+                known.add(id(layer.bias))
+    for name, p in model.named_parameters():
+        if p.requires_grad and id(p) not in known:
+            return f"parameter {name!r} does not belong to an affine layer"
+    return layers
+
+
+def _layer_scales(layer: nn.Module) -> tuple[float, float]:
+    if isinstance(layer, NTKLinear):
+        return layer.weight_scale, layer.bias_scale
+    return 1.0, 1.0
+
+
+def _activation_and_derivative(layer: nn.Module, z: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+    """``(sigma(z), sigma'(z))`` for an elementwise activation; ``None`` means identity."""
+    if isinstance(layer, nn.Identity):
+        return z, None
+    if isinstance(layer, nn.ReLU):
+        mask = z > 0
+        return torch.where(mask, z, torch.zeros((), dtype=z.dtype, device=z.device)), mask.to(
+            z.dtype
+        )
+    if isinstance(layer, Erf):
+        return torch.special.erf(z), (2.0 / math.sqrt(math.pi)) * torch.exp(-z * z)
+    if isinstance(layer, nn.Tanh):
+        y = torch.tanh(z)
+        return y, 1.0 - y * y
+    # Any other elementwise module: the gradient of sum(sigma(z)) is sigma'(z).
+    with torch.enable_grad():
+        leaf = z.detach().requires_grad_(True)
+        y = layer(leaf.clone())  # the clone keeps in-place activations off the leaf
+        (deriv,) = torch.autograd.grad(y.sum(), leaf)
+    return y.detach(), deriv
+
+
+def _gram_pass(layers: list[nn.Module], x: Tensor, k: int):
+    """Forward then backward pass collecting, per affine layer, its input ``A`` and the
+    output gradients ``Delta`` of shape ``(k, n, d_out)``."""
+    inputs: list[Tensor] = []
+    derivs: list[Optional[Tensor]] = []
+    h = x
+    for layer in layers:
+        if isinstance(layer, (nn.Linear, NTKLinear)):
+            inputs.append(h)
+            h = layer(h)
+            derivs.append(None)
+        else:
+            h, d = _activation_and_derivative(layer, h)
+            derivs.append(d)
+    n = x.shape[0]
+    # Cotangent of the output f_a(x_i): one-hot along the output index a.
+    eye = torch.eye(k, dtype=x.dtype, device=x.device)
+    grad = eye[:, None, :].expand(k, n, k)
+    deltas: list[Tensor] = []
+    affine_seen = 0
+    n_affine = len(inputs)
+    for layer, d in zip(reversed(layers), reversed(derivs)):
+        if isinstance(layer, (nn.Linear, NTKLinear)):
+            deltas.append(grad)
+            affine_seen += 1
+            if affine_seen < n_affine:  # the input layer's gradient is never used
+                s_w, _ = _layer_scales(layer)
+                grad = torch.matmul(grad, layer.weight)
+                if s_w != 1.0:
+                    grad = grad * s_w
+        elif d is not None:
+            grad = grad * d
+    deltas.reverse()
+    return inputs, deltas
+
+
+def _delta_gram(d1: Tensor, d2: Tensor, k: int, trace: bool) -> Tensor:
+    """``(n1, n2)`` (k == 1 or trace) or ``(n1, n2, k, k)`` Gram of output gradients."""
+    _, n1, m = d1.shape
+    n2 = d2.shape[1]
+    if k == 1:
+        return d1[0] @ d2[0].T
+    if trace:
+        return d1.transpose(0, 1).reshape(n1, k * m) @ d2.transpose(0, 1).reshape(n2, k * m).T
+    g = d1.reshape(k * n1, m) @ d2.reshape(k * n2, m).T  # (k n1, k n2)
+    return g.reshape(k, n1, k, n2).permute(1, 3, 0, 2)
+
+
+def _ntk_gram(
+    layers: list[nn.Module], x1: Tensor, x2: Optional[Tensor], k: int, trace: bool
+) -> Tensor:
+    inputs1, deltas1 = _gram_pass(layers, x1, k)
+    if x2 is None:
+        inputs2, deltas2 = inputs1, deltas1
+    else:
+        inputs2, deltas2 = _gram_pass(layers, x2, k)
+    affine = [m for m in layers if isinstance(m, (nn.Linear, NTKLinear))]
+    theta: Optional[Tensor] = None
+    for layer, a1, a2, d1, d2 in zip(affine, inputs1, inputs2, deltas1, deltas2):
+        s_w, s_b = _layer_scales(layer)
+        w_trainable = layer.weight.requires_grad
+        b_trainable = layer.bias is not None and layer.bias.requires_grad and s_b != 0.0
+        if not (w_trainable or b_trainable):
+            continue
+        if w_trainable:
+            factor = a1 @ a2.T
+            if s_w != 1.0:
+                factor = factor * (s_w * s_w)
+            if b_trainable:
+                factor = factor + s_b * s_b
+        else:
+            factor = None
+        dg = _delta_gram(d1, d2, k, trace)
+        if factor is None:
+            term = dg * (s_b * s_b)
+        elif dg.ndim == 4:
+            term = dg * factor[:, :, None, None]
+        else:
+            term = dg * factor
+        theta = term if theta is None else theta + term
+    if theta is None:  # every trainable tensor is a bias with zero scale
+        n2 = x1.shape[0] if x2 is None else x2.shape[0]
+        shape = (x1.shape[0], n2) if (k == 1 or trace) else (x1.shape[0], n2, k, k)
+        theta = torch.zeros(shape, dtype=x1.dtype, device=x1.device)
+    return theta
+
+
+# ---- "jacobian" and "jvp": generic torch.func paths -----------------------------------
+
+
+def _functional_model(model: nn.Module, params: dict[str, Tensor]):
+    """``f(params, x) -> (n, k)`` with the frozen tensors taken from ``model``."""
+
+    def f(p: dict[str, Tensor], x: Tensor) -> Tensor:
+        out = functional_call(model, p, (x,))
+        return out.reshape(x.shape[0], -1)
+
+    return f
+
+
+def _ntk_jacobian(
+    model: nn.Module,
+    params: dict[str, Tensor],
+    x1: Tensor,
+    x2: Optional[Tensor],
+    out_shape: tuple[int, ...],
+    chunk_size: Optional[int],
+) -> Tensor:
+    detached = {n: p.detach() for n, p in params.items()}
+    f = _functional_model(model, detached)
+
+    def f_single(p: dict[str, Tensor], x: Tensor) -> Tensor:
+        return f(p, x.unsqueeze(0))[0]  # (k,)
+
+    jac_fn = vmap(jacrev(f_single), in_dims=(None, 0))
+
+    def jacobians(x: Tensor) -> list[Tensor]:
+        jac = jac_fn(detached, x)  # name -> (n, k, *param.shape)
+        return [j.reshape(x.shape[0], j.shape[1], -1) for j in jac.values()]
+
+    def contract(j1: list[Tensor], j2: list[Tensor]) -> Tensor:
+        out = None
+        for a, b in zip(j1, j2):
+            term = torch.einsum("iap,jbp->ijab", a, b)
+            out = term if out is None else out + term
+        return out
+
+    with torch.no_grad():
+        if chunk_size is None:
+            j1 = jacobians(x1)
+            j2 = j1 if x2 is None else jacobians(x2)
+            return contract(j1, j2)
+        xb = x1 if x2 is None else x2
+        n1, n2 = x1.shape[0], xb.shape[0]
+        k = 1 if not out_shape else out_shape[0]
+        theta = torch.empty(n1, n2, k, k, dtype=x1.dtype, device=x1.device)
+        for i0 in range(0, n1, chunk_size):
+            j1 = jacobians(x1[i0 : i0 + chunk_size])
+            for j0 in range(0, n2, chunk_size):
+                if x2 is None and j0 == i0:
+                    j2 = j1
+                else:
+                    j2 = jacobians(xb[j0 : j0 + chunk_size])
+                theta[i0 : i0 + chunk_size, j0 : j0 + chunk_size] = contract(j1, j2)
+        return theta
+
+
+def _ntk_jvp(
+    model: nn.Module,
+    params: dict[str, Tensor],
+    x1: Tensor,
+    x2: Optional[Tensor],
+    out_shape: tuple[int, ...],
+    chunk_size: Optional[int],
+) -> Tensor:
+    detached = {n: p.detach() for n, p in params.items()}
+    f = _functional_model(model, detached)
+    xb = x1 if x2 is None else x2
+    n1, n2 = x1.shape[0], xb.shape[0]
+    k = 1 if not out_shape else out_shape[0]
+
+    with torch.no_grad():
+        _, vjp_fn = vjp(lambda p: f(p, x1), detached)
+
+        def ntk_row(cotangent: Tensor) -> Tensor:
+            (direction,) = vjp_fn(cotangent)  # J(x1)^T e, parameter-shaped
+            _, row = jvp(lambda p: f(p, xb), (detached,), (direction,))
+            return row  # (n2, k)
+
+        basis = torch.eye(n1 * k, dtype=x1.dtype, device=x1.device).reshape(n1 * k, n1, k)
+        rows = vmap(ntk_row, chunk_size=chunk_size)(basis)  # (n1 k, n2, k)
+    return rows.reshape(n1, k, n2, k).permute(0, 2, 1, 3)
+
+
+# --------------------------------------------------------------------------------------
+# Infinite-width kernels
+# --------------------------------------------------------------------------------------
+
+
+class NTKResult(NamedTuple):
+    """Infinite-width kernels of a network: NNGP :math:`\\Sigma` and NTK :math:`\\Theta`,
+    each ``(n1, n2)``."""
+
+    nngp: Tensor
+    ntk: Tensor
+
+
+def _relu_expectations(
+    cov: Tensor, var1: Tensor, var2: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Arc-cosine kernels (Cho & Saul 2009) for :math:`(u, u') \\sim \\mathcal N(0,
+    [[v_1, c], [c, v_2]])`: :math:`E[\\sigma(u)\\sigma(u')] = \\frac{\\sqrt{v_1 v_2}}
+    {2\\pi}(\\sin\\varphi + (\\pi - \\varphi)\\cos\\varphi)` and :math:`E[\\sigma'(u)
+    \\sigma'(u')] = \\frac{\\pi - \\varphi}{2\\pi}` with :math:`\\cos\\varphi =
+    c/\\sqrt{v_1 v_2}`."""
+    norm = torch.sqrt(var1[:, None] * var2[None, :])
+    safe = norm.clamp_min(torch.finfo(norm.dtype).tiny)
+    # The clamp keeps the diagonal (cos = 1 up to rounding) inside arccos' domain.
+    cos = (cov / safe).clamp(-1.0, 1.0)
+    phi = torch.arccos(cos)
+    sin = torch.sqrt((1.0 - cos * cos).clamp_min(0.0))
+    value = norm * (sin + (math.pi - phi) * cos) / (2.0 * math.pi)
+    deriv = (math.pi - phi) / (2.0 * math.pi)
+    return value, deriv
+
+
+def _erf_expectations(cov: Tensor, var1: Tensor, var2: Tensor) -> tuple[Tensor, Tensor]:
+    """Williams (1997): :math:`E[\\mathrm{erf}(u)\\mathrm{erf}(u')] = \\frac{2}{\\pi}
+    \\arcsin\\frac{2c}{\\sqrt{(1+2v_1)(1+2v_2)}}` and :math:`E[\\mathrm{erf}'(u)
+    \\mathrm{erf}'(u')] = \\frac{4}{\\pi}\\big((1+2v_1)(1+2v_2) - 4c^2\\big)^{-1/2}`."""
+    prod = (1.0 + 2.0 * var1)[:, None] * (1.0 + 2.0 * var2)[None, :]
+    ratio = (2.0 * cov / torch.sqrt(prod)).clamp(-1.0, 1.0)
+    value = (2.0 / math.pi) * torch.arcsin(ratio)
+    det = (prod - 4.0 * cov * cov).clamp_min(torch.finfo(cov.dtype).tiny)
+    deriv = (4.0 / math.pi) / torch.sqrt(det)
+    return value, deriv
+
+
+def _relu_diag(var: Tensor) -> Tensor:
+    return var / 2.0
+
+
+def _erf_diag(var: Tensor) -> Tensor:
+    return (2.0 / math.pi) * torch.arcsin(2.0 * var / (1.0 + 2.0 * var))
+
+
+def fc_kernel(
+    x1: Tensor,
+    x2: Optional[Tensor] = None,
+    *,
+    depth: int,
+    activation: str = "relu",
+    W_std: float = 1.0,
+    b_std: float = 0.0,
+) -> NTKResult:
+    """Infinite-width NNGP and NTK of :func:`fc_network` in the NTK parametrization.
+
+    The layer recursion (Jacot et al. 2018, Thm. 1; Arora et al. 2019, eqs. 7-9;
+    slides, "NTK: formulas"), with :math:`\\sigma_W` = ``W_std``, :math:`\\sigma_b` =
+    ``b_std`` and :math:`d` the input dimension:
+
+    .. math::
+        \\Sigma^{(1)}(x,x') &= \\sigma_W^2\\, x^\\top x'/d + \\sigma_b^2,
+        \\qquad \\Theta^{(1)} = \\Sigma^{(1)},\\\\
+        \\Sigma^{(l+1)} &= \\sigma_W^2\\, E_{u\\sim\\mathcal N(0,\\Sigma^{(l)})}
+        [\\sigma(u(x))\\sigma(u(x'))] + \\sigma_b^2,\\\\
+        \\dot\\Sigma^{(l+1)} &= \\sigma_W^2\\, E[\\sigma'(u(x))\\sigma'(u(x'))],\\\\
+        \\Theta^{(l+1)} &= \\Theta^{(l)}\\,\\dot\\Sigma^{(l+1)} + \\Sigma^{(l+1)},
+
+    applied ``depth`` times; the result is :math:`(\\Sigma^{(depth+1)},
+    \\Theta^{(depth+1)})`, the kernels of the scalar output. The Gaussian expectations
+    are closed forms: the arc-cosine kernel for ReLU (Cho & Saul 2009) and Williams'
+    (1997) arcsine kernel for erf. Equal to neural-tangents' ``stax`` ``kernel_fn`` of
+    ``serial(*[Dense(w, W_std, b_std), Relu()] * depth, Dense(1, W_std, b_std))``.
+    Derived in chapter 1 (chapters/01_ntk.ipynb), section "The infinite-width limit".
+
+    Shapes: ``x1`` ``(n1, d)``, ``x2`` ``(n2, d)`` (``None``: ``x2 = x1``), each output
+    ``(n1, n2)``. Computed in float64 and returned in ``x1``'s dtype; cost
+    :math:`O(n_1 n_2 (d + \\text{depth}))` time, :math:`O(n_1 n_2)` memory.
+
+    Args:
+        depth: number of hidden layers (positive int).
+        activation: ``"relu"`` or ``"erf"``.
+        W_std: weight scale :math:`\\sigma_W > 0`.
+        b_std: bias scale :math:`\\sigma_b \\ge 0`.
+    """
+    x1 = check_tensor("x1", x1, ndim=2)
+    if x2 is not None:
+        x2 = check_tensor("x2", x2, ndim=2)
+        check_same_feature_dim("x1", x1, "x2", x2)
+        if x2.device != x1.device:
+            raise ValueError(f"x2 is on {x2.device} but x1 is on {x1.device}")
+    depth = check_positive_int("depth", depth)
+    activation = check_choice("activation", activation, ACTIVATIONS)
+    w_var = check_positive_float("W_std", W_std) ** 2
+    b_var = check_nonnegative_float("b_std", b_std) ** 2
+
+    a = x1.to(torch.float64)
+    b = a if x2 is None else x2.to(torch.float64)
+    d = a.shape[1]
+    cov = w_var * (a @ b.T) / d + b_var
+    var1 = w_var * (a * a).sum(1) / d + b_var
+    var2 = var1 if x2 is None else w_var * (b * b).sum(1) / d + b_var
+    ntk = cov
+    expectations, diag = (
+        (_relu_expectations, _relu_diag)
+        if activation == "relu"
+        else (_erf_expectations, _erf_diag)
+    )
+    for _ in range(depth):
+        value, deriv = expectations(cov, var1, var2)
+        new_cov = w_var * value + b_var
+        ntk = ntk * (w_var * deriv) + new_cov
+        cov = new_cov
+        var1 = w_var * diag(var1) + b_var
+        var2 = var1 if x2 is None else w_var * diag(var2) + b_var
+    if x2 is None:
+        # Exact symmetry, whatever the rounding of the two triangle halves.
+        cov = 0.5 * (cov + cov.T)
+        ntk = 0.5 * (ntk + ntk.T)
+    return NTKResult(nngp=cov.to(x1.dtype), ntk=ntk.to(x1.dtype))
+
+
+# --------------------------------------------------------------------------------------
+# Gradient-flow dynamics of MSE training
+# --------------------------------------------------------------------------------------
+
+
+def _check_kernel_and_targets(
+    ntk_train_train: Tensor, y_train: Tensor
+) -> tuple[Tensor, Tensor]:
+    ntk_train_train = check_tensor("ntk_train_train", ntk_train_train, ndim=2)
+    n = ntk_train_train.shape[0]
+    if ntk_train_train.shape[1] != n:
+        raise ValueError(
+            "ntk_train_train must be a square (N, N) matrix, got shape "
+            f"{tuple(ntk_train_train.shape)}"
+        )
+    y_train = check_tensor("y_train", y_train, ndim=(1, 2))
+    if y_train.shape[0] != n:
+        raise ValueError(
+            f"y_train has {y_train.shape[0]} rows but ntk_train_train is {n} x {n}"
+        )
+    if y_train.device != ntk_train_train.device:
+        raise ValueError(
+            f"y_train is on {y_train.device} but ntk_train_train is on "
+            f"{ntk_train_train.device}"
+        )
+    return ntk_train_train, y_train
+
+
+def _check_like(name: str, value: Optional[Tensor], shape: tuple[int, ...], device) -> Optional[Tensor]:
+    if value is None:
+        return None
+    value = check_tensor(name, value)
+    if tuple(value.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device}, expected {device}")
+    return value
+
+
+def _eigh_psd(theta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Eigenpairs of a symmetric PSD matrix in float64, negative rounding noise set to
+    0, plus the mask of numerically positive eigenvalues."""
+    sym = 0.5 * (theta + theta.T)
+    evals, evecs = torch.linalg.eigh(sym)
+    evals = evals.clamp_min(0.0)
+    tol = evals.max().clamp_min(0.0) * theta.shape[0] * torch.finfo(evals.dtype).eps
+    positive = evals > tol
+    return evals, evecs, positive
+
+
+def _check_times(t: object) -> tuple[Tensor, bool]:
+    """Times as a float64 1-D tensor and whether the input was a scalar."""
+    if isinstance(t, Tensor):
+        if t.ndim > 1:
+            raise ValueError(f"t must be a scalar or a 1-D tensor of times, got shape {tuple(t.shape)}")
+        if t.is_complex():
+            raise TypeError(f"t must be real, got dtype {t.dtype}")
+        scalar = t.ndim == 0
+        times = t.detach().to("cpu", torch.float64).reshape(-1)
+    elif isinstance(t, (int, float)) and not isinstance(t, bool):
+        scalar = True
+        times = torch.tensor([float(t)], dtype=torch.float64)
+    else:
+        raise TypeError(f"t must be a float or a tensor of times, got {type(t).__name__}")
+    if bool(torch.isnan(times).any()) or bool((times < 0).any()):
+        raise ValueError("t must hold non-negative times (inf allowed), got NaN or a negative value")
+    return times, scalar
+
+
+def gd_mse_predictor(
+    ntk_train_train: Tensor,
+    y_train: Tensor,
+    *,
+    learning_rate: float = 1.0,
+    ntk_test_train: Optional[Tensor] = None,
+    f0_train: Optional[Tensor] = None,
+    f0_test: Optional[Tensor] = None,
+) -> Callable[[Union[float, Tensor]], tuple[Tensor, Optional[Tensor]]]:
+    """Closed-form gradient-flow training of a linearized model on the MSE loss.
+
+    Convention: the loss is :math:`L(\\theta) = \\frac{1}{2N}\\lVert f(X;\\theta) -
+    Y\\rVert_F^2` (``N`` training points, summed over output columns) and the flow is
+    :math:`\\dot\\theta = -\\eta\\nabla_\\theta L`, so with a constant kernel
+    :math:`\\Theta = \\Theta(X, X)` (Lee et al. 2019, eqs. 10-11; slides, "Arbitrary
+    function f for MSE loss"):
+
+    .. math::
+        f_t(X) &= Y + e^{-\\eta\\Theta t/N}\\,(f_0(X) - Y),\\\\
+        f_t(x^*) &= f_0(x^*) + \\Theta(x^*, X)\\,\\Theta^{-1}
+        \\big(I - e^{-\\eta\\Theta t/N}\\big)\\,(Y - f_0(X)).
+
+    ``t`` counts time in the units of the flow: ``t`` steps of gradient descent with
+    step ``learning_rate`` approximate time ``t`` when the step is small.
+    ``t = inf`` gives kernel regression :math:`f_\\infty(x^*) = f_0(x^*) +
+    \\Theta(x^*,X)\\Theta^{-1}(Y - f_0(X))` (a pseudo-inverse on the null space of
+    :math:`\\Theta`, along which training does not move the outputs). neural-tangents'
+    ``predict.gradient_descent_mse`` divides by ``y_train.size = N k`` instead of ``N``:
+    its ``learning_rate`` equals ours times ``k``. For ``k`` outputs the same ``(N, N)``
+    kernel acts on every output column (the infinite-width :math:`\\Theta \\otimes I_k`).
+    Derived in chapter 1 (chapters/01_ntk.ipynb), section "Training dynamics in closed
+    form".
+
+    One eigendecomposition :math:`\\Theta = V\\Lambda V^\\top` (:math:`O(N^3)`) is done
+    here; each call of the returned function then costs :math:`O(T N (N + M) k)` for
+    ``T`` times and ``M`` test points. Computed in float64, returned in
+    ``ntk_train_train``'s dtype.
+
+    Args:
+        ntk_train_train: :math:`\\Theta(X, X)`, ``(N, N)`` symmetric PSD.
+        y_train: ``(N,)`` or ``(N, k)`` targets.
+        learning_rate: :math:`\\eta > 0`.
+        ntk_test_train: :math:`\\Theta(X^*, X)`, ``(M, N)``; needed for test predictions.
+        f0_train: initial outputs on the training set, shaped like ``y_train`` (zero if
+            ``None``).
+        f0_test: initial outputs on the test set, ``(M,)`` or ``(M, k)`` (zero if
+            ``None``).
+
+    Returns:
+        ``predict(t) -> (f_train_t, f_test_t)``: ``t`` a non-negative float (``inf``
+        allowed) or a 1-D tensor of ``T`` times, in which case both outputs gain a
+        leading time axis of length ``T``; ``f_test_t`` is ``None`` without
+        ``ntk_test_train``.
+    """
+    ntk_train_train, y_train = _check_kernel_and_targets(ntk_train_train, y_train)
+    eta = check_positive_float("learning_rate", learning_rate)
+    n = ntk_train_train.shape[0]
+    device = ntk_train_train.device
+    out_dtype = ntk_train_train.dtype
+    tail = tuple(y_train.shape[1:])
+    f0_train = _check_like("f0_train", f0_train, tuple(y_train.shape), device)
+    if ntk_test_train is not None:
+        ntk_test_train = check_tensor("ntk_test_train", ntk_test_train, ndim=2)
+        if ntk_test_train.shape[1] != n:
+            raise ValueError(
+                f"ntk_test_train must have N = {n} columns (one per training point), got "
+                f"shape {tuple(ntk_test_train.shape)}"
+            )
+        m = ntk_test_train.shape[0]
+        f0_test = _check_like("f0_test", f0_test, (m,) + tail, device)
+    elif f0_test is not None:
+        raise ValueError("f0_test was given without ntk_test_train")
+
+    f64 = torch.float64
+    evals, evecs, positive = _eigh_psd(ntk_train_train.to(f64))
+    y = y_train.to(f64).reshape(n, -1)
+    f0 = torch.zeros_like(y) if f0_train is None else f0_train.to(f64).reshape(n, -1)
+    # Residual at initialization in the eigenbasis: r_k = v_k . (f0 - Y).
+    residual = evecs.T @ (f0 - y)  # (N, k)
+    test_basis = None
+    f0_star = None
+    if ntk_test_train is not None:
+        test_basis = ntk_test_train.to(f64) @ evecs  # Theta(X*, X) V, (M, N)
+        m = ntk_test_train.shape[0]
+        f0_star = (
+            torch.zeros(m, y.shape[1], dtype=f64, device=device)
+            if f0_test is None
+            else f0_test.to(f64).reshape(m, -1)
+        )
+
+    def predict(t: Union[float, Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+        times, scalar = _check_times(t)
+        times = times.to(device)
+        rate = eta * evals / n  # (N,)
+        finite = torch.isfinite(times)[:, None]
+        tt = torch.where(finite, times[:, None], torch.zeros_like(times[:, None]))
+        # decay = e^{-eta lambda t/N}; at t = inf it is 0 on the range of Theta and 1 on
+        # its null space (no gradient there).
+        decay = torch.where(finite, torch.exp(-rate * tt), (~positive).to(f64)[None, :])
+        # gain = (1 - decay) / lambda = -expm1(-eta lambda t/N) / lambda, with its
+        # limits eta t/N (lambda -> 0, finite t) and the pseudo-inverse at t = inf.
+        safe_evals = torch.where(positive, evals, torch.ones_like(evals))
+        gain_pos = torch.where(
+            finite, -torch.expm1(-rate * tt) / safe_evals, (1.0 / safe_evals)[None, :]
+        )
+        gain_null = torch.where(finite, eta * tt / n, torch.zeros_like(tt))
+        gain = torch.where(positive[None, :], gain_pos, gain_null)  # (T, N)
+        f_train = y + torch.einsum("nk,tk,kc->tnc", evecs, decay, residual)
+        f_train = f_train.reshape((len(times), n) + tail).to(out_dtype)
+        f_test = None
+        if test_basis is not None:
+            f_test = f0_star - torch.einsum("mk,tk,kc->tmc", test_basis, gain, residual)
+            f_test = f_test.reshape((len(times), test_basis.shape[0]) + tail).to(out_dtype)
+        if scalar:
+            f_train = f_train[0]
+            f_test = None if f_test is None else f_test[0]
+        return f_train, f_test
+
+    return predict
+
+
+def mse_loss_curve(
+    ntk_train_train: Tensor,
+    y_train: Tensor,
+    f0_train: Optional[Tensor],
+    times: Union[float, Tensor],
+    *,
+    learning_rate: float = 1.0,
+) -> Tensor:
+    """Training loss along the gradient flow, from the spectrum of the NTK.
+
+    With :math:`\\Theta = \\sum_k \\lambda_k v_k v_k^\\top` and the initial residual
+    :math:`\\delta y = Y - f_0(X)`,
+
+    .. math::
+        L_t = \\frac{1}{2N}\\sum_k e^{-2\\eta\\lambda_k t/N}\\,
+        \\lVert v_k^\\top \\delta y\\rVert^2,
+
+    the slides' "training time prediction" formula (their eq. 5) written for the loss
+    :math:`L = \\frac{1}{2N}\\lVert f(X) - Y\\rVert_F^2` of :func:`gd_mse_predictor`
+    (same normalisation and time units, so ``L_t`` equals the loss of that predictor's
+    ``f_train_t``). For ``(N, k)`` targets the norm sums over the ``k`` columns.
+    Derived in chapter 1 (chapters/01_ntk.ipynb), section "Training dynamics in closed
+    form".
+
+    Shapes: ``times`` a float (returns a 0-d tensor) or ``(T,)`` (returns ``(T,)``).
+    Cost :math:`O(N^3 + T N)`. Float64 inside, returned in ``ntk_train_train``'s dtype.
+
+    Args:
+        ntk_train_train: ``(N, N)`` symmetric PSD kernel.
+        y_train: ``(N,)`` or ``(N, k)`` targets.
+        f0_train: initial outputs shaped like ``y_train`` (``None``: zero).
+        times: non-negative time(s); ``inf`` allowed.
+        learning_rate: :math:`\\eta > 0`.
+    """
+    ntk_train_train, y_train = _check_kernel_and_targets(ntk_train_train, y_train)
+    eta = check_positive_float("learning_rate", learning_rate)
+    f0_train = _check_like(
+        "f0_train", f0_train, tuple(y_train.shape), ntk_train_train.device
+    )
+    t, scalar = _check_times(times)
+    n = ntk_train_train.shape[0]
+    f64 = torch.float64
+    evals, evecs, positive = _eigh_psd(ntk_train_train.to(f64))
+    dy = y_train.to(f64).reshape(n, -1)
+    if f0_train is not None:
+        dy = dy - f0_train.to(f64).reshape(n, -1)
+    weights = ((evecs.T @ dy) ** 2).sum(1)  # (N,)
+    t = t.to(ntk_train_train.device)
+    finite = torch.isfinite(t)[:, None]
+    tt = torch.where(finite, t[:, None], torch.zeros_like(t[:, None]))
+    decay2 = torch.where(
+        finite, torch.exp(-2.0 * eta * evals * tt / n), (~positive).to(f64)[None, :]
+    )
+    loss = (decay2 * weights).sum(1) / (2.0 * n)
+    loss = loss.to(ntk_train_train.dtype)
+    return loss[0] if scalar else loss
+
+
+# --------------------------------------------------------------------------------------
+# Linearized network
+# --------------------------------------------------------------------------------------
+
+
+class LinearizedModel(nn.Module):
+    """First-order Taylor expansion of a model around its parameters at creation.
+
+    :math:`f^{lin}(x;\\theta) = f(x;\\theta_0) + \\langle\\nabla_\\theta f(x;\\theta_0),
+    \\theta - \\theta_0\\rangle` (Lee et al. 2019, eq. 6; slides, "Lazy regime"). The
+    trainable parameters of this module are :math:`\\theta` (initialised at
+    :math:`\\theta_0`, one per trainable parameter of the original, in the same order);
+    :math:`\\theta_0` lives in a frozen copy of the original model, ``self.base``. The
+    forward pass is one ``torch.func.jvp`` of the base model in the direction
+    :math:`\\theta - \\theta_0`: cost about three forward passes, no Jacobian. Build it
+    with :func:`linearize`.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        if not names:
+            raise ValueError("model has no trainable parameter (requires_grad=True)")
+        base = copy.deepcopy(model)
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.base = base
+        self.param_names = names
+        base_params = dict(base.named_parameters())
+        self.params = nn.ParameterList(
+            [nn.Parameter(base_params[n].detach().clone()) for n in names]
+        )
+
+    def theta0(self) -> dict[str, Tensor]:
+        """The expansion point :math:`\\theta_0` by parameter name."""
+        base_params = dict(self.base.named_parameters())
+        return {n: base_params[n] for n in self.param_names}
+
+    def forward(self, x: Tensor) -> Tensor:
+        primals = self.theta0()
+        tangents = {
+            n: p - primals[n] for n, p in zip(self.param_names, self.params)
+        }
+        out, dout = jvp(
+            lambda p: functional_call(self.base, p, (x,)), (primals,), (tangents,)
+        )
+        return out + dout
+
+
+def linearize(model: nn.Module) -> LinearizedModel:
+    """Linearize ``model`` around its current parameters :math:`\\theta_0`.
+
+    Returns a :class:`LinearizedModel` computing :math:`f^{lin}(x;\\theta) =
+    f(x;\\theta_0) + \\langle\\nabla_\\theta f(x;\\theta_0), \\theta - \\theta_0\\rangle`
+    whose trainable parameters :math:`\\theta` start at :math:`\\theta_0`, so it trains
+    with any torch optimizer exactly like the original (same loss code). Its
+    empirical NTK is that of ``model`` at :math:`\\theta_0`, for every :math:`\\theta`.
+    The original model is deep-copied and left untouched. Derived in chapter 1
+    (chapters/01_ntk.ipynb), section "Wide networks train like linear models".
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return LinearizedModel(model)
+
+
+# --------------------------------------------------------------------------------------
+# small local checks
+# --------------------------------------------------------------------------------------
+
+
+def _check_generator(generator: object) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+        )
+
+
+def _check_float_dtype(name: str, dtype: object) -> torch.dtype:
+    if dtype is None:
+        return torch.get_default_dtype()
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
+    return dtype

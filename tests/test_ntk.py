@@ -1,0 +1,712 @@
+"""Tests for kernels.ntk (chapter 1).
+
+Independent references: neural-tangents (``stax`` kernels, ``empirical_ntk_fn``,
+``predict.gradient_descent_mse``, ``linearize``) with jax in float64, naive per-sample
+autograd loops, explicit gradient descent, and finite differences.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from kernels.ntk import (
+    Erf,
+    LinearizedModel,
+    NTKLinear,
+    NTKResult,
+    empirical_ntk,
+    fc_kernel,
+    fc_network,
+    gd_mse_predictor,
+    linearize,
+    mse_loss_curve,
+)
+
+F64 = torch.float64
+
+
+# --------------------------------------------------------------------------------------
+# fixtures and references
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nt_ref():
+    """neural-tangents with jax in float64; the previous x64 setting is restored after."""
+    nt = pytest.importorskip("neural_tangents", reason="neural-tangents is the reference")
+    import jax
+    import jax.numpy as jnp
+    from neural_tangents import stax
+
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield {"jax": jax, "jnp": jnp, "nt": nt, "stax": stax}
+    jax.config.update("jax_enable_x64", previous)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape: int, seed: int, dtype=F64) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen(seed), dtype=dtype)
+
+
+def naive_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """(n1, n2, k, k) NTK from one autograd call per sample and output."""
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def rows(x):
+        out = []
+        for i in range(x.shape[0]):
+            fi = model(x[i : i + 1]).reshape(-1)
+            per_output = []
+            for a in range(fi.shape[0]):
+                grads = torch.autograd.grad(fi[a], params, retain_graph=True, allow_unused=True)
+                per_output.append(
+                    torch.cat(
+                        [
+                            (g if g is not None else torch.zeros_like(p)).reshape(-1)
+                            for g, p in zip(grads, params)
+                        ]
+                    )
+                )
+            out.append(torch.stack(per_output))
+        return torch.stack(out)  # (n, k, P)
+
+    j1, j2 = rows(x1), rows(x2)
+    return torch.einsum("iap,jbp->ijab", j1, j2).detach()
+
+
+def nt_mlp(stax, width, depth, out_dim, activation, W_std, b_std, parameterization):
+    act = {"relu": stax.Relu, "erf": stax.Erf}[activation]
+    layers = []
+    for _ in range(depth):
+        layers += [stax.Dense(width, W_std, b_std, parameterization=parameterization), act()]
+    layers.append(stax.Dense(out_dim, W_std, b_std, parameterization=parameterization))
+    return stax.serial(*layers)
+
+
+def torch_params_to_nt(net: nn.Sequential, jnp) -> list:
+    """NT Dense params are (W of shape (in, out), b of shape (1, out)); activations ()."""
+    params = []
+    for layer in net:
+        if isinstance(layer, NTKLinear):
+            w = jnp.asarray(layer.weight.detach().numpy().T)
+            b = jnp.asarray(layer.bias.detach().numpy()[None, :])
+            params.append((w, b))
+        else:
+            params.append(())
+    return params
+
+
+def rel_err(a, b) -> float:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+# --------------------------------------------------------------------------------------
+# NTKLinear, Erf, fc_network
+# --------------------------------------------------------------------------------------
+
+
+def test_ntk_linear_same_function_different_gradients():
+    x = randn(5, 7, seed=1)
+    ntk_layer = NTKLinear(7, 3, W_std=1.7, b_std=0.4, generator=gen(0), dtype=F64)
+    std_layer = NTKLinear(
+        7, 3, W_std=1.7, b_std=0.4, parameterization="standard", generator=gen(0), dtype=F64
+    )
+    torch.testing.assert_close(ntk_layer(x), std_layer(x))
+    ntk_layer(x).sum().backward()
+    std_layer(x).sum().backward()
+    scale = 1.7 / math.sqrt(7)
+    torch.testing.assert_close(ntk_layer.weight.grad, scale * std_layer.weight.grad)
+    torch.testing.assert_close(ntk_layer.bias.grad, 0.4 * std_layer.bias.grad)
+    assert not torch.allclose(ntk_layer.weight.grad, std_layer.weight.grad)
+
+
+def test_ntk_linear_initialization_statistics_and_reproducibility():
+    layer = NTKLinear(400, 300, W_std=2.0, b_std=0.5, generator=gen(3), dtype=F64)
+    w = layer.weight.detach()
+    assert abs(float(w.mean())) < 0.01 and abs(float(w.var()) - 1.0) < 0.02
+    std = NTKLinear(
+        400, 300, W_std=2.0, b_std=0.5, parameterization="standard", generator=gen(3), dtype=F64
+    )
+    assert abs(float(std.weight.detach().var()) - 4.0 / 400) < 0.02 * 4.0 / 400
+    again = NTKLinear(400, 300, W_std=2.0, b_std=0.5, generator=gen(3), dtype=F64)
+    assert torch.equal(again.weight, layer.weight) and torch.equal(again.bias, layer.bias)
+    no_bias = NTKLinear(400, 300, bias=False, generator=gen(3), dtype=F64)
+    assert no_bias.bias is None and torch.equal(no_bias.weight, layer.weight)
+    assert NTKLinear(2, 2).weight.dtype == torch.get_default_dtype()
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(in_features=0, out_features=2), ValueError, "in_features"),
+        (dict(in_features=2.5, out_features=2), TypeError, "in_features"),
+        (dict(in_features=2, out_features=-1), ValueError, "out_features"),
+        (dict(in_features=2, out_features=2, W_std=0.0), ValueError, "W_std"),
+        (dict(in_features=2, out_features=2, b_std=-1.0), ValueError, "b_std"),
+        (dict(in_features=2, out_features=2, parameterization="mup"), ValueError, "parameterization"),
+        (dict(in_features=2, out_features=2, dtype=torch.int64), TypeError, "dtype"),
+        (dict(in_features=2, out_features=2, generator=0), TypeError, "generator"),
+        (dict(in_features=2, out_features=2, bias=1), TypeError, "bias"),
+    ],
+)
+def test_ntk_linear_bad_arguments(kwargs, exc, match):
+    in_f, out_f = kwargs.pop("in_features"), kwargs.pop("out_features")
+    with pytest.raises(exc, match=match):
+        NTKLinear(in_f, out_f, **kwargs)
+
+
+def test_erf_module():
+    x = torch.linspace(-3, 3, 11, dtype=F64)
+    torch.testing.assert_close(Erf()(x), torch.erf(x))
+
+
+def test_fc_network_structure():
+    net = fc_network(4, 8, 3, 2, activation="erf", W_std=1.5, b_std=0.1, generator=gen(0))
+    kinds = [type(m) for m in net]
+    assert kinds == [NTKLinear, Erf] * 3 + [NTKLinear]
+    assert [m.out_features for m in net if isinstance(m, NTKLinear)] == [8, 8, 8, 2]
+    assert all(p.dtype == F64 for p in net.parameters())
+    assert net(randn(5, 4, seed=0)).shape == (5, 2)
+    custom = fc_network(4, 8, 2, activation=nn.Tanh(), generator=gen(0))
+    assert sum(isinstance(m, nn.Tanh) for m in custom) == 2
+    a = fc_network(4, 8, 2, generator=gen(5))
+    b = fc_network(4, 8, 2, generator=gen(5))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, exc, match",
+    [
+        ((4, 0, 2), {}, ValueError, "width"),
+        ((4, 8, 0), {}, ValueError, "depth"),
+        ((0, 8, 2), {}, ValueError, "in_dim"),
+        ((4, 8, 2, 0), {}, ValueError, "out_dim"),
+        ((4, 8, 2), {"activation": "tanh"}, ValueError, "activation"),
+        ((4, 8, 2), {"activation": 3}, TypeError, "activation"),
+        ((4, 8, 2), {"parameterization": "x"}, ValueError, "parameterization"),
+    ],
+)
+def test_fc_network_bad_arguments(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        fc_network(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# fc_kernel
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("activation", ["relu", "erf"])
+@pytest.mark.parametrize("W_std, b_std", [(1.0, 0.0), (1.5, 0.2), (0.8, 1.0)])
+def test_fc_kernel_matches_neural_tangents(nt_ref, activation, W_std, b_std):
+    stax = nt_ref["stax"]
+    x1 = randn(9, 6, seed=10)
+    x2 = randn(5, 6, seed=11)
+    for depth in (1, 2, 3, 4):
+        _, _, kernel_fn = nt_mlp(stax, 64, depth, 1, activation, W_std, b_std, "ntk")
+        ref = kernel_fn(x1.numpy(), x2.numpy(), ("nngp", "ntk"))
+        ours = fc_kernel(x1, x2, depth=depth, activation=activation, W_std=W_std, b_std=b_std)
+        assert isinstance(ours, NTKResult)
+        assert ours.nngp.shape == (9, 5) and ours.ntk.shape == (9, 5)
+        assert rel_err(ours.nngp, ref.nngp) <= 1e-5, (depth, "nngp")
+        assert rel_err(ours.ntk, ref.ntk) <= 1e-5, (depth, "ntk")
+        ref_sym = kernel_fn(x1.numpy(), None, ("nngp", "ntk"))
+        sym = fc_kernel(x1, depth=depth, activation=activation, W_std=W_std, b_std=b_std)
+        assert rel_err(sym.ntk, ref_sym.ntk) <= 1e-5 and rel_err(sym.nngp, ref_sym.nngp) <= 1e-5
+
+
+def test_fc_kernel_symmetric_case_dtype_and_diagonal_safety():
+    x = randn(6, 4, seed=2)
+    x = torch.cat([x, x[:2], torch.zeros(1, 4, dtype=F64)])  # duplicates and a zero row
+    for activation in ("relu", "erf"):
+        sym = fc_kernel(x, depth=3, activation=activation, b_std=0.0)
+        full = fc_kernel(x, x.clone(), depth=3, activation=activation, b_std=0.0)
+        for a, b in zip(sym, full):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a, a.T, rtol=0, atol=0)
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+        assert torch.linalg.eigvalsh(sym.ntk).min() > -1e-10
+    res32 = fc_kernel(x.float(), depth=2)
+    assert res32.ntk.dtype == torch.float32 and res32.nngp.dtype == torch.float32
+    torch.testing.assert_close(res32.ntk, fc_kernel(x, depth=2).ntk.float())
+
+
+def test_fc_kernel_relu_depth_one_closed_form():
+    # One hidden ReLU layer, b_std = 0, unit-norm inputs at angle phi:
+    # Theta = cos(phi)(pi - phi)/(2 pi) + (sin(phi) + (pi - phi) cos(phi))/(2 pi).
+    phi = 1.1
+    d = 3
+    x = torch.tensor([[1.0, 0.0, 0.0], [math.cos(phi), math.sin(phi), 0.0]], dtype=F64) * math.sqrt(d)
+    res = fc_kernel(x, depth=1)
+    c = math.cos(phi)
+    nngp = (math.sin(phi) + (math.pi - phi) * c) / (2 * math.pi)
+    ntk = c * (math.pi - phi) / (2 * math.pi) + nngp
+    assert abs(float(res.nngp[0, 1]) - nngp) < 1e-12
+    assert abs(float(res.ntk[0, 1]) - ntk) < 1e-12
+    assert abs(float(res.ntk[0, 0]) - 1.0) < 1e-12  # 1/2 + 1/2 on the diagonal
+
+
+@pytest.mark.parametrize("activation", ["relu", "erf"])
+def test_wide_network_empirical_ntk_approaches_fc_kernel(activation):
+    # Jacot et al.: the empirical NTK at initialization concentrates around the limit.
+    x = randn(6, 5, seed=4)
+    net = fc_network(5, 4096, 2, activation=activation, W_std=1.4, b_std=0.3, generator=gen(9))
+    emp = empirical_ntk(net, x)
+    limit = fc_kernel(x, depth=2, activation=activation, W_std=1.4, b_std=0.3).ntk
+    assert rel_err(emp, limit) < 0.1
+    narrow = fc_network(5, 4, 2, activation=activation, W_std=1.4, b_std=0.3, generator=gen(9))
+    assert rel_err(empirical_ntk(narrow, x), limit) > rel_err(emp, limit)
+
+
+@pytest.mark.parametrize(
+    "x1, x2, kwargs, exc, match",
+    [
+        (torch.ones(3, 2, dtype=torch.int64), None, {}, TypeError, "x1"),
+        (np.ones((3, 2)), None, {}, TypeError, "x1"),
+        (torch.ones(3), None, {}, ValueError, "x1"),
+        (torch.tensor([[1.0, float("nan")]]), None, {}, ValueError, "x1"),
+        (torch.ones(3, 2), torch.ones(2, 3), {}, ValueError, "feature dimension"),
+        (torch.ones(3, 2), torch.ones(2, 2, dtype=torch.int32), {}, TypeError, "x2"),
+        (torch.ones(3, 2), None, {"depth": 0}, ValueError, "depth"),
+        (torch.ones(3, 2), None, {"activation": "tanh"}, ValueError, "activation"),
+        (torch.ones(3, 2), None, {"W_std": 0.0}, ValueError, "W_std"),
+        (torch.ones(3, 2), None, {"b_std": -0.1}, ValueError, "b_std"),
+    ],
+)
+def test_fc_kernel_bad_arguments(x1, x2, kwargs, exc, match):
+    kwargs = {"depth": 2, **kwargs}
+    with pytest.raises(exc, match=match):
+        fc_kernel(x1, x2, **kwargs)
+
+
+# --------------------------------------------------------------------------------------
+# empirical_ntk
+# --------------------------------------------------------------------------------------
+
+METHODS = ["gram", "jacobian", "jvp", "auto"]
+
+
+@pytest.mark.parametrize("out_dim", [1, 3])
+@pytest.mark.parametrize("parameterization", ["ntk", "standard"])
+@pytest.mark.parametrize("activation", ["relu", "erf"])
+def test_empirical_ntk_methods_match_naive_loop(out_dim, parameterization, activation):
+    net = fc_network(
+        4, 12, 2, out_dim, activation=activation, W_std=1.3, b_std=0.5,
+        parameterization=parameterization, generator=gen(1),
+    )
+    x1, x2 = randn(5, 4, seed=2), randn(3, 4, seed=3)
+    ref = naive_ntk(net, x1, x2)
+    ref_sym = naive_ntk(net, x1, x1)
+    for method in METHODS:
+        for chunk in (None, 2):
+            got = empirical_ntk(net, x1, x2, method=method, chunk_size=chunk)
+            sym = empirical_ntk(net, x1, method=method, chunk_size=chunk)
+            if out_dim == 1:
+                torch.testing.assert_close(got, ref[:, :, 0, 0], rtol=1e-10, atol=1e-12)
+                torch.testing.assert_close(sym, ref_sym[:, :, 0, 0], rtol=1e-10, atol=1e-12)
+            else:
+                torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
+                torch.testing.assert_close(sym, ref_sym, rtol=1e-10, atol=1e-12)
+                traced = empirical_ntk(net, x1, x2, method=method, trace_outputs=True)
+                torch.testing.assert_close(
+                    traced, ref.diagonal(dim1=2, dim2=3).sum(-1), rtol=1e-10, atol=1e-12
+                )
+
+
+@pytest.mark.parametrize(
+    "act", [nn.Tanh(), nn.GELU(), nn.Sigmoid(), nn.ReLU(inplace=True), nn.SiLU(), nn.Identity()]
+)
+def test_gram_path_torch_layers_and_activations(act):
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Linear(3, 10), act, nn.Sequential(nn.Linear(10, 10), act), nn.Linear(10, 2)
+    ).to(F64)
+    x1, x2 = randn(4, 3, seed=5), randn(6, 3, seed=6)
+    ref = naive_ntk(net, x1, x2)
+    torch.testing.assert_close(empirical_ntk(net, x1, x2, method="gram"), ref)
+    torch.testing.assert_close(empirical_ntk(net, x1, x2, method="jvp"), ref)
+
+
+def test_frozen_parameters_are_excluded():
+    net = fc_network(3, 8, 2, 2, b_std=0.4, generator=gen(2))
+    net[0].weight.requires_grad_(False)
+    net[2].bias.requires_grad_(False)
+    x = randn(4, 3, seed=7)
+    ref = naive_ntk(net, x, x)
+    for method in METHODS:
+        torch.testing.assert_close(empirical_ntk(net, x, method=method), ref)
+    full = fc_network(3, 8, 2, 2, b_std=0.4, generator=gen(2))
+    assert not torch.allclose(empirical_ntk(full, x), ref)
+
+
+class _Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(3, 6)
+        self.hidden = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 1)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        h = h + torch.relu(self.hidden(h))
+        return self.out(h).squeeze(-1)  # (n,) output
+
+
+def test_auto_falls_back_for_unstructured_models_and_gram_refuses():
+    torch.manual_seed(1)
+    model = _Residual().to(F64)
+    x1, x2 = randn(5, 3, seed=8), randn(2, 3, seed=9)
+    ref = naive_ntk(model, x1, x2)[:, :, 0, 0]
+    for method in ("auto", "jacobian", "jvp"):
+        torch.testing.assert_close(empirical_ntk(model, x1, x2, method=method), ref)
+    with pytest.raises(ValueError, match="gram"):
+        empirical_ntk(model, x1, x2, method="gram")
+    with pytest.raises(ValueError, match="gram"):
+        empirical_ntk(nn.Sequential(nn.Linear(3, 4), nn.Softmax(-1)).to(F64), x1, method="gram")
+
+
+@pytest.mark.parametrize("parameterization", ["ntk", "standard"])
+@pytest.mark.parametrize("activation", ["relu", "erf"])
+def test_empirical_ntk_matches_neural_tangents(nt_ref, parameterization, activation):
+    nt, stax, jnp = nt_ref["nt"], nt_ref["stax"], nt_ref["jnp"]
+    net = fc_network(
+        5, 16, 2, 3, activation=activation, W_std=1.2, b_std=0.3,
+        parameterization=parameterization, generator=gen(4),
+    )
+    _, apply_fn, _ = nt_mlp(stax, 16, 2, 3, activation, 1.2, 0.3, parameterization)
+    params = torch_params_to_nt(net, jnp)
+    x1, x2 = randn(6, 5, seed=12), randn(4, 5, seed=13)
+    np.testing.assert_allclose(apply_fn(params, x1.numpy()), net(x1).detach().numpy(), rtol=1e-12)
+    full_fn = nt.empirical_ntk_fn(apply_fn, trace_axes=(), vmap_axes=0)
+    traced_fn = nt.empirical_ntk_fn(apply_fn, vmap_axes=0)
+    ref_full = np.asarray(full_fn(x1.numpy(), x2.numpy(), params))
+    ref_traced = np.asarray(traced_fn(x1.numpy(), x2.numpy(), params))
+    for method in ("gram", "jacobian", "jvp"):
+        assert rel_err(empirical_ntk(net, x1, x2, method=method), ref_full) < 1e-10
+        traced = empirical_ntk(net, x1, x2, method=method, trace_outputs=True)
+        # neural-tangents averages the diagonal output pairs, we sum them (a trace).
+        assert rel_err(traced / 3, ref_traced) < 1e-10
+
+
+def test_empirical_ntk_float32_matches_float64():
+    net = fc_network(6, 64, 3, generator=gen(0))
+    x = randn(20, 6, seed=1)
+    ref = empirical_ntk(net, x)
+    net32 = net.float()
+    for method in ("gram", "jacobian", "jvp"):
+        got = empirical_ntk(net32, x.float(), method=method)
+        assert got.dtype == torch.float32
+        assert rel_err(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU"),
+        ),
+    ],
+)
+def test_empirical_ntk_and_kernel_on_device(device):
+    net = fc_network(4, 32, 2, 2, b_std=0.2, generator=gen(0))
+    x1, x2 = randn(6, 4, seed=1), randn(3, 4, seed=2)
+    ref = empirical_ntk(net, x1, x2, method="jacobian")
+    net_d = net.to(device)
+    for method in METHODS:
+        got = empirical_ntk(net_d, x1.to(device), x2.to(device), method=method)
+        assert got.device.type == device
+        torch.testing.assert_close(got.cpu(), ref)
+    res = fc_kernel(x1.to(device), x2.to(device), depth=2)
+    assert res.ntk.device.type == device
+    torch.testing.assert_close(res.ntk.cpu(), fc_kernel(x1, x2, depth=2).ntk)
+    theta = fc_kernel(x1.to(device), depth=2).ntk
+    f_train, _ = gd_mse_predictor(theta, torch.ones(6, dtype=F64, device=device))(1.0)
+    assert f_train.device.type == device
+
+
+def _bad_calls():
+    net = fc_network(3, 4, 1, generator=gen(0))
+    x = torch.ones(2, 3, dtype=F64)
+    return [
+        (lambda: empirical_ntk(lambda z: z, x), TypeError, "model"),
+        (lambda: empirical_ntk(net, torch.ones(2, 3, dtype=torch.int64)), TypeError, "x1"),
+        (lambda: empirical_ntk(net, x.float()), TypeError, "dtype"),
+        (lambda: empirical_ntk(net, x, torch.ones(2, 3)), TypeError, "x2"),
+        (lambda: empirical_ntk(net, torch.full((2, 3), float("nan"), dtype=F64)), ValueError, "NaN"),
+        (lambda: empirical_ntk(net, x, torch.ones(2, 4, dtype=F64)), ValueError, "feature dimension"),
+        (lambda: empirical_ntk(net, torch.ones(2, 4, dtype=F64)), ValueError, "x1"),
+        (lambda: empirical_ntk(net, torch.ones(3, dtype=F64)), ValueError, "x1"),
+        (lambda: empirical_ntk(net, x, method="fast"), ValueError, "method"),
+        (lambda: empirical_ntk(net, x, chunk_size=0), ValueError, "chunk_size"),
+        (lambda: empirical_ntk(net, x, trace_outputs=1), TypeError, "trace_outputs"),
+        (lambda: empirical_ntk(nn.Sequential(nn.ReLU()), x), ValueError, "trainable"),
+        (lambda: empirical_ntk(nn.Sequential(nn.Linear(3, 4).double(), nn.Unflatten(1, (2, 2))), x),
+         ValueError, "outputs"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(13))
+def test_empirical_ntk_bad_arguments(index):
+    call, exc, match = _bad_calls()[index]
+    with pytest.raises(exc, match=match):
+        call()
+
+
+# --------------------------------------------------------------------------------------
+# gd_mse_predictor, mse_loss_curve
+# --------------------------------------------------------------------------------------
+
+
+def _regression_problem(n_train=12, n_test=5, k=None, seed=0):
+    x = randn(n_train + n_test, 4, seed=seed)
+    res = fc_kernel(x, depth=2, b_std=0.1)
+    theta = res.ntk
+    shape = (n_train,) if k is None else (n_train, k)
+    y = randn(*shape, seed=seed + 1)
+    f0 = 0.3 * randn(*shape, seed=seed + 2)
+    f0_test = 0.3 * randn(*((n_test,) + shape[1:]), seed=seed + 3)
+    return theta[:n_train, :n_train], theta[n_train:, :n_train], y, f0, f0_test
+
+
+@pytest.mark.parametrize("k", [None, 3])
+def test_gd_mse_predictor_matches_neural_tangents(nt_ref, k):
+    nt, jnp = nt_ref["nt"], nt_ref["jnp"]
+    k_tt, k_st, y, f0, f0_test = _regression_problem(k=k)
+    n_outputs = 1 if k is None else k
+    eta = 0.7
+    # float64 times: with float32 ones neural-tangents would form t * lr in float32.
+    times = torch.tensor([0.0, 0.5, 3.0, 40.0], dtype=F64)
+    # neural-tangents normalises the loss by y_train.size = N k, we by N.
+    y_nt = y.numpy() if k is not None else y.numpy()[:, None]
+    predict_nt = nt.predict.gradient_descent_mse(
+        jnp.asarray(k_tt.numpy()), jnp.asarray(y_nt), learning_rate=eta * n_outputs
+    )
+    f0_nt = f0.numpy() if k is not None else f0.numpy()[:, None]
+    f0t_nt = f0_test.numpy() if k is not None else f0_test.numpy()[:, None]
+    ref_train, ref_test = predict_nt(times.numpy(), f0_nt, f0t_nt, jnp.asarray(k_st.numpy()))
+    predict = gd_mse_predictor(
+        k_tt, y, learning_rate=eta, ntk_test_train=k_st, f0_train=f0, f0_test=f0_test
+    )
+    f_train, f_test = predict(times)
+    assert f_train.shape == (4,) + tuple(y.shape) and f_test.shape == (4,) + tuple(f0_test.shape)
+    np.testing.assert_allclose(f_train.reshape(ref_train.shape), ref_train, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(f_test.reshape(ref_test.shape), ref_test, rtol=1e-7, atol=1e-9)
+    inf_train, inf_test = predict(float("inf"))
+    ref_inf_train, ref_inf_test = predict_nt(None, f0_nt, f0t_nt, jnp.asarray(k_st.numpy()))
+    np.testing.assert_allclose(inf_test.reshape(ref_inf_test.shape), ref_inf_test, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(inf_train.reshape(ref_inf_train.shape), ref_inf_train, rtol=1e-7, atol=1e-9)
+    one_train, one_test = predict(3.0)
+    torch.testing.assert_close(one_train, f_train[2])
+    torch.testing.assert_close(one_test, f_test[2])
+
+
+def test_gd_mse_predictor_kernel_regression_and_initial_condition():
+    k_tt, k_st, y, f0, f0_test = _regression_problem()
+    predict = gd_mse_predictor(k_tt, y, ntk_test_train=k_st)
+    f_train, f_test = predict(float("inf"))
+    torch.testing.assert_close(f_train, y)
+    torch.testing.assert_close(f_test, k_st @ torch.linalg.solve(k_tt, y))
+    f_train0, f_test0 = gd_mse_predictor(k_tt, y, ntk_test_train=k_st, f0_train=f0, f0_test=f0_test)(0.0)
+    torch.testing.assert_close(f_train0, f0)
+    torch.testing.assert_close(f_test0, f0_test)
+    only_train, none = gd_mse_predictor(k_tt, y)(2.0)
+    assert none is None and only_train.shape == y.shape
+
+
+def test_gd_mse_predictor_matches_discrete_gradient_descent_of_linear_model():
+    # Linear model f(x) = phi(x) . w: its NTK is exactly Phi Phi^T, and GD with step eta on
+    # L = ||f - y||^2 / (2N) for s steps approximates the flow at time t = s.
+    n, p = 10, 30
+    phi = randn(n, p, seed=20) / math.sqrt(p)
+    phi_test = randn(4, p, seed=21) / math.sqrt(p)
+    y = randn(n, seed=22)
+    w = 0.1 * randn(p, seed=23)
+    eta, steps = 0.05, 600
+    predict = gd_mse_predictor(
+        phi @ phi.T, y, learning_rate=eta, ntk_test_train=phi_test @ phi.T,
+        f0_train=phi @ w, f0_test=phi_test @ w,
+    )
+    curve = mse_loss_curve(phi @ phi.T, y, phi @ w, torch.tensor([0.0, float(steps)]), learning_rate=eta)
+    w_t = w.clone()
+    for _ in range(steps):
+        w_t = w_t - eta * phi.T @ (phi @ w_t - y) / n
+    f_train, f_test = predict(float(steps))
+    torch.testing.assert_close(f_train, phi @ w_t, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(f_test, phi_test @ w_t, rtol=2e-3, atol=2e-3)
+    loss_gd = float(((phi @ w_t - y) ** 2).sum() / (2 * n))
+    assert abs(float(curve[1]) - loss_gd) < 2e-3 * max(loss_gd, 1e-3) + 1e-6
+    assert abs(float(curve[0]) - float(((phi @ w - y) ** 2).sum() / (2 * n))) < 1e-12
+
+
+def test_linearized_network_trained_with_sgd_follows_the_predictor():
+    # The linearized network under full-batch SGD is discrete GD on a linear model whose
+    # kernel is the empirical NTK at initialization (Lee et al. 2019, section 2.2).
+    net = fc_network(3, 64, 2, b_std=0.2, generator=gen(30))
+    x, x_test = randn(8, 3, seed=31), randn(3, 3, seed=32)
+    y = randn(8, seed=33)
+    lin = linearize(net)
+    theta = empirical_ntk(net, x)
+    theta_test = empirical_ntk(net, x_test, x)
+    with torch.no_grad():
+        f0, f0_test = net(x)[:, 0], net(x_test)[:, 0]
+    eta, steps = 0.02, 150
+    predict = gd_mse_predictor(theta, y, learning_rate=eta, ntk_test_train=theta_test, f0_train=f0, f0_test=f0_test)
+    opt = torch.optim.SGD(lin.parameters(), lr=eta)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = ((lin(x)[:, 0] - y) ** 2).sum() / (2 * len(y))
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        trained, trained_test = lin(x)[:, 0], lin(x_test)[:, 0]
+    # Exact discrete-time solution: f_s = y + (I - eta Theta / N)^s (f0 - y).
+    step_matrix = torch.linalg.matrix_power(torch.eye(8, dtype=F64) - eta * theta / 8, steps)
+    torch.testing.assert_close(trained, y + step_matrix @ (f0 - y), rtol=1e-8, atol=1e-8)
+    f_train, f_test = predict(float(steps))
+    torch.testing.assert_close(trained, f_train, rtol=0.02, atol=0.02)
+    torch.testing.assert_close(trained_test, f_test, rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("k", [None, 2])
+def test_mse_loss_curve_matches_predictor(k):
+    k_tt, _, y, f0, _ = _regression_problem(k=k, seed=5)
+    times = torch.tensor([0.0, 0.3, 2.0, 25.0, float("inf")])
+    curve = mse_loss_curve(k_tt, y, f0, times, learning_rate=1.5)
+    f_train, _ = gd_mse_predictor(k_tt, y, learning_rate=1.5, f0_train=f0)(times)
+    n = y.shape[0]
+    direct = ((f_train - y) ** 2).reshape(len(times), -1).sum(1) / (2 * n)
+    torch.testing.assert_close(curve, direct, rtol=1e-9, atol=1e-12)
+    assert torch.all(curve[1:] <= curve[:-1])
+    assert float(curve[-1]) < 1e-10
+    scalar = mse_loss_curve(k_tt, y, f0, 2.0, learning_rate=1.5)
+    assert scalar.ndim == 0 and abs(float(scalar) - float(curve[2])) < 1e-12
+    zero_f0 = mse_loss_curve(k_tt, y, None, 0.0)
+    assert abs(float(zero_f0) - float((y**2).sum() / (2 * n))) < 1e-12
+
+
+def test_predictor_on_singular_kernel_is_finite():
+    # A rank-deficient kernel: the null-space part of the residual must stay put.
+    phi = randn(6, 2, seed=40)
+    theta = phi @ phi.T
+    y = randn(6, seed=41)
+    predict = gd_mse_predictor(theta, y, ntk_test_train=randn(2, 2, seed=42) @ phi.T)
+    for t in (0.0, 1.0, float("inf")):
+        f_train, f_test = predict(t)
+        assert torch.isfinite(f_train).all() and torch.isfinite(f_test).all()
+    f_inf, _ = predict(float("inf"))
+    proj = phi @ torch.linalg.pinv(phi)
+    torch.testing.assert_close(f_inf, proj @ y)
+
+
+def test_predictor_bad_arguments():
+    k_tt, k_st, y, f0, f0_test = _regression_problem()
+    with pytest.raises(ValueError, match="square"):
+        gd_mse_predictor(k_tt[:, :5], y)
+    with pytest.raises(ValueError, match="y_train"):
+        gd_mse_predictor(k_tt, y[:5])
+    with pytest.raises(TypeError, match="y_train"):
+        gd_mse_predictor(k_tt, torch.ones(12, dtype=torch.int64))
+    with pytest.raises(ValueError, match="learning_rate"):
+        gd_mse_predictor(k_tt, y, learning_rate=0.0)
+    with pytest.raises(ValueError, match="ntk_test_train"):
+        gd_mse_predictor(k_tt, y, ntk_test_train=k_st[:, :3])
+    with pytest.raises(ValueError, match="f0_test"):
+        gd_mse_predictor(k_tt, y, f0_test=f0_test)
+    with pytest.raises(ValueError, match="f0_train"):
+        gd_mse_predictor(k_tt, y, f0_train=f0[:3])
+    with pytest.raises(ValueError, match="NaN"):
+        gd_mse_predictor(k_tt.clone().fill_(float("nan")), y)
+    predict = gd_mse_predictor(k_tt, y)
+    with pytest.raises(ValueError, match="t must"):
+        predict(-1.0)
+    with pytest.raises(ValueError, match="t must"):
+        predict(torch.tensor([1.0, float("nan")]))
+    with pytest.raises(ValueError, match="t must"):
+        predict(torch.ones(2, 2))
+    with pytest.raises(TypeError, match="t must"):
+        predict("1")
+    with pytest.raises(ValueError, match="times|t must"):
+        mse_loss_curve(k_tt, y, f0, -2.0)
+
+
+# --------------------------------------------------------------------------------------
+# linearize
+# --------------------------------------------------------------------------------------
+
+
+def _perturb(lin: LinearizedModel, scale: float, seed: int) -> list[torch.Tensor]:
+    directions = []
+    with torch.no_grad():
+        for i, p in enumerate(lin.params):
+            v = randn(*p.shape, seed=seed + i)
+            p.add_(scale * v)
+            directions.append(v)
+    return directions
+
+
+def test_linearize_is_the_first_order_taylor_expansion():
+    net = fc_network(3, 16, 2, 2, activation="erf", b_std=0.3, generator=gen(50))
+    x = randn(5, 3, seed=51)
+    lin = linearize(net)
+    assert isinstance(lin, nn.Module)
+    assert len(list(p for p in lin.parameters() if p.requires_grad)) == len(list(net.parameters()))
+    torch.testing.assert_close(lin(x), net(x))
+    # Affine in theta: f_lin(theta0 + 2 eps v) - f0 = 2 (f_lin(theta0 + eps v) - f0).
+    eps = 1e-4
+    v = _perturb(lin, eps, seed=60)
+    step1 = lin(x) - net(x)
+    _perturb(lin, eps, seed=60)
+    step2 = lin(x) - net(x)
+    torch.testing.assert_close(step2, 2 * step1, rtol=1e-10, atol=1e-14)
+    # Finite difference of the original network in the same direction.
+    moved = fc_network(3, 16, 2, 2, activation="erf", b_std=0.3, generator=gen(50))
+    with torch.no_grad():
+        for p, d in zip(moved.parameters(), v):
+            p.add_(eps * d)
+    fd = moved(x) - net(x)
+    torch.testing.assert_close(step1, fd, rtol=1e-3, atol=1e-9)
+    # The original model is untouched and its NTK is the linearized model's NTK.
+    torch.testing.assert_close(net(x), fc_network(3, 16, 2, 2, activation="erf", b_std=0.3, generator=gen(50))(x))
+    torch.testing.assert_close(empirical_ntk(lin, x, method="jacobian"), empirical_ntk(net, x))
+
+
+def test_linearize_matches_neural_tangents(nt_ref):
+    nt, stax, jnp, jax = nt_ref["nt"], nt_ref["stax"], nt_ref["jnp"], nt_ref["jax"]
+    net = fc_network(4, 20, 2, 2, W_std=1.3, b_std=0.2, generator=gen(70))
+    _, apply_fn, _ = nt_mlp(stax, 20, 2, 2, "relu", 1.3, 0.2, "ntk")
+    params0 = torch_params_to_nt(net, jnp)
+    lin = linearize(net)
+    _perturb(lin, 0.3, seed=80)
+    moved = fc_network(4, 20, 2, 2, W_std=1.3, b_std=0.2, generator=gen(70))
+    with torch.no_grad():
+        for dst, src in zip(moved.parameters(), lin.params):
+            dst.copy_(src)
+    params = torch_params_to_nt(moved, jnp)
+    f_lin_nt = nt.linearize(apply_fn, params0)
+    x = randn(6, 4, seed=81)
+    ref = np.asarray(f_lin_nt(params, x.numpy()))
+    np.testing.assert_allclose(lin(x).detach().numpy(), ref, rtol=1e-10, atol=1e-12)
+    # ... and it differs from the moved nonlinear network (the check is not vacuous).
+    assert not np.allclose(moved(x).detach().numpy(), ref, rtol=1e-3)
+
+
+def test_linearize_bad_arguments():
+    with pytest.raises(TypeError, match="model"):
+        linearize(lambda z: z)
+    frozen = nn.Linear(2, 2)
+    frozen.requires_grad_(False)
+    with pytest.raises(ValueError, match="trainable"):
+        linearize(frozen)
