@@ -378,8 +378,11 @@ def rpe_mlp(
     act) x (depth - 1), Linear(w, out))``: ``depth`` hidden layers of width ``w``, each
     affine map followed by an optional layer norm and the activation, and an affine
     output without activation -- the RPE of Qin et al. (2023, Section 3.4) with layer
-    norm in place of their RMS norm. With ``"relu"`` and layer norm it is the network of
-    Proposition 1 (piecewise linear and continuous in its scalar input); as a function
+    norm in place of their RMS norm. With ``"relu"`` it is the network of Proposition 1:
+    without layer norm it is piecewise linear and continuous in its scalar input; with
+    the standard layer norm after the (biased) first affine map it is only
+    asymptotically so, since :math:`\\mathrm{LN}(a u + b)` divides by the square root of a
+    quadratic in :math:`u` (chapter 4 checks both numerically). As a function
     of frequency it is the MLP of Theorems 2-4 (``"gelu"``: time-domain decay faster
     than any exponential; ``"silu"``: faster than any polynomial; ``"relu"``: square
     summable). Derived in chapter 4 (chapters/04_toeplitz.ipynb), sections "The
@@ -682,7 +685,7 @@ class PiecewiseLinearRPE(nn.Module):
     ``channels`` functions, each linear between the :math:`2K + 1` knots
     :math:`u_j = j/K`, :math:`j = -K..K`, with learned values at the knots except
     :math:`u = 0`, where the value is fixed to 0 (the paper, Section 3.2.2: the MLP RPE
-    replaced by linear interpolation; by Proposition 1 a ReLU MLP with layer norm is of
+    replaced by linear interpolation; by Proposition 1 a ReLU MLP of a scalar is of
     this form anyway). Composed with :func:`inverse_time_warp` it is the smooth part of
     the SKI-TNO kernel. Inputs outside :math:`[-1, 1]` are clamped. Derived in chapter 4
     (chapters/04_toeplitz.ipynb), section "Inverse time warp".
