@@ -734,6 +734,39 @@ class PiecewiseLinearRPE(nn.Module):
         return f"channels={self.channels}, knots={self.knots}"
 
 
+def _band_matvec(coeffs: Tensor, x: Tensor) -> Tensor:
+    """Banded Toeplitz product :math:`y_i = \\sum_\\ell t_\\ell x_{i-\\ell}` per channel.
+
+    ``coeffs`` ``(c, m)`` holds the lags :math:`-\\lfloor (m-1)/2 \\rfloor ..
+    \\lfloor m/2 \\rfloor` in increasing order; ``x`` is ``(..., n, c)``. This is a
+    depthwise 1D convolution with filter size :math:`m`, written as a batched matmul:
+    the sequence is cut into blocks of :math:`s` outputs, each block reads a window of
+    :math:`s + m - 1` inputs, and the ``(s + m - 1) x s`` band block of every channel
+    multiplies all windows at once. :math:`O(B\\,c\\,n\\,(s + m))`, like the
+    convolution, but the backward pass is two more matmuls -- on CPUs
+    ``torch.nn.functional.conv1d(groups=c)`` spends far longer on its weight gradient.
+    """
+    m = coeffs.shape[-1]
+    lead, (n, c) = x.shape[:-2], x.shape[-2:]
+    hi, lo = m // 2, (m - 1) // 2  # largest positive and negative lag
+    block = max(8, hi)
+    window = block + m - 1
+    n_blocks = -(-n // block)
+    # Output t of a block reads window entry w = input (t - lag) + hi, i.e. the lag
+    # t - w + hi, stored at coeffs[..., lag + lo].
+    t = torch.arange(block, device=x.device)
+    w = torch.arange(window, device=x.device)
+    index = t[None, :] - w[:, None] + hi + lo  # (window, block)
+    valid = (index >= 0) & (index < m)
+    band = coeffs[:, index.clamp(0, m - 1)] * valid.to(coeffs.dtype)  # (c, window, block)
+    x3 = x.reshape((-1, n, c))
+    padded = F.pad(x3, (0, 0, hi, n_blocks * block - n + lo))
+    windows = padded.unfold(1, window, block)  # (B, n_blocks, c, window), a view
+    y = torch.einsum("bjcw,cwt->bjtc", windows, band)
+    y = y.reshape((x3.shape[0], n_blocks * block, c))[:, :n]
+    return y.reshape(lead + (n, c))
+
+
 class SKITNO(nn.Module):
     """Sparse plus low-rank bidirectional TNO with asymmetric SKI (Algorithm 1).
 
@@ -744,8 +777,9 @@ class SKITNO(nn.Module):
         A^l_{ij} = \\mathrm{RPE}_l\\big(x(p_i - p_j)\\big),
 
     * :math:`T_{\\text{sparse}}`: a learned band of ``filter_size`` :math:`m` lags
-      :math:`-\\lfloor (m-1)/2 \\rfloor .. \\lceil (m-1)/2 \\rceil`, applied as a
-      depthwise 1D convolution (the spiky part of learned TNN kernels);
+      :math:`-\\lfloor (m-1)/2 \\rfloor .. \\lfloor m/2 \\rfloor`, a depthwise 1D
+      convolution of filter size :math:`m` (the spiky part of learned TNN kernels),
+      computed as blocked batched matmuls (see ``_band_matvec``);
     * :math:`W A W^\\top`: ``rank`` :math:`r` inducing points :math:`p_k` evenly spaced
       on :math:`[0, n-1]` (:func:`inducing_points`), linear interpolation weights
       :math:`W` (:func:`linear_interpolation_weights`), and the small Toeplitz
@@ -840,16 +874,7 @@ class SKITNO(nn.Module):
         return self.rpe(warped)
 
     def _band(self, x: Tensor) -> Tensor:
-        m = self.filter_size
-        lead, (n, c) = x.shape[:-2], x.shape[-2:]
-        xt = x.reshape((-1, n, c)).transpose(1, 2).contiguous()
-        # conv1d is a cross-correlation: out[i] = sum_k w[k] x[i + k - pad_left], i.e.
-        # lag pad_left - k, so the band is reversed into the filter.
-        pad_left = m // 2
-        xt = F.pad(xt, (pad_left, m - 1 - pad_left))
-        weight = self.sparse_coeffs.flip(-1).unsqueeze(1)
-        y = F.conv1d(xt, weight, groups=c)
-        return y.transpose(1, 2).reshape(lead + (n, c))
+        return _band_matvec(self.sparse_coeffs, x)
 
     def sparse_matrix(self, n: int) -> Tensor:
         """``(channels, n, n)``: the banded :math:`T_{\\text{sparse}}` (dense, for checks)."""

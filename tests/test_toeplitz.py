@@ -292,7 +292,9 @@ def test_inverse_time_warp_and_piecewise_linear_rpe():
     assert rpe(torch.zeros(1, dtype=F64)).abs().max() == 0.0
 
 
-@pytest.mark.parametrize("n,r,m", [(1, 1, 1), (2, 2, 1), (2, 1, 2), (7, 3, 4), (40, 8, 5), (64, 16, 6)])
+@pytest.mark.parametrize(
+    "n,r,m", [(1, 1, 1), (2, 2, 1), (2, 1, 2), (7, 3, 4), (40, 8, 5), (64, 16, 6), (37, 4, 32), (33, 5, 17)]
+)
 def test_skitno_matches_naive_sparse_plus_low_rank(n, r, m):
     ski = SKITNO(3, rank=r, filter_size=m, decay=0.8, generator=gen(n), dtype=F64)
     with torch.no_grad():
