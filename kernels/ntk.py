@@ -313,11 +313,12 @@ def empirical_ntk(
       :math:`O((n_1 + n_2) k P)` -- or :math:`O(2\\,c\\,k P)` with ``chunk_size=c``
       (samples per block; the ``x2`` blocks are recomputed for each ``x1`` block).
     * ``"jvp"``: NTK-vector products (the torch.func NTK tutorial; Novak et al. 2022,
-      "implementation 2"): for each basis cotangent :math:`e` on the outputs at ``x1``,
-      a VJP gives :math:`J(x_1)^\\top e` and a JVP of the model at ``x2`` in that
-      direction gives one row block :math:`J(x_2) J(x_1)^\\top e`. No contraction over
-      ``P``; memory :math:`O(c P)` for ``c = chunk_size`` basis vectors at a time
-      (all :math:`n_1 k` at once when ``chunk_size`` is ``None``).
+      "implementation 2"): for each sample :math:`x_i` and output :math:`a` a VJP gives
+      the direction :math:`J_a(x_i)^\\top` and a JVP of the model at ``x2`` along it
+      gives the row block :math:`J(x_2) J_a(x_i)^\\top`, i.e. :math:`\\hat\\Theta(x_i, x_2)_{a,:}`.
+      :math:`J(x_2)` is never formed and :math:`J(x_1)` only ``c`` samples at a time
+      (``c = chunk_size``, default 64): memory :math:`O(c k P)`, time
+      :math:`O(n_1 k\\,n_2 P)` (the forward-mode passes) with no contraction over ``P``.
     * ``"gram"``: for an ``nn.Sequential`` of ``nn.Linear``/:class:`NTKLinear` layers and
       elementwise activations. A layer :math:`z_l = s_W A_{l-1} W_l^\\top + s_b b_l`
       contributes :math:`(s_W^2\\, A_{l-1} A'^\\top_{l-1} + s_b^2) \\odot
@@ -335,7 +336,7 @@ def empirical_ntk(
         x1, x2: inputs with the model's dtype and device.
         method: one of ``"auto"``, ``"jacobian"``, ``"jvp"``, ``"gram"``.
         trace_outputs: sum the diagonal output pairs (see above).
-        chunk_size: samples (``"jacobian"``) or basis vectors (``"jvp"``) per block;
+        chunk_size: samples of ``x1`` (and of ``x2`` for ``"jacobian"``) per block;
             ignored by ``"gram"``.
 
     Raises:
@@ -658,6 +659,10 @@ def _ntk_jacobian(
         return theta
 
 
+#: Samples of ``x1`` per block in the ``"jvp"`` method when ``chunk_size`` is None.
+_JVP_DEFAULT_CHUNK = 64
+
+
 def _ntk_jvp(
     model: nn.Module,
     params: dict[str, Tensor],
@@ -671,18 +676,27 @@ def _ntk_jvp(
     xb = x1 if x2 is None else x2
     n1, n2 = x1.shape[0], xb.shape[0]
     k = 1 if not out_shape else out_shape[0]
+    chunk = chunk_size or _JVP_DEFAULT_CHUNK
+    eye = torch.eye(k, dtype=x1.dtype, device=x1.device)
 
+    def cotangent_directions(x_i: Tensor) -> dict[str, Tensor]:
+        # VJPs of one sample's k outputs: J(x_i)^T e_a, parameter-shaped, (k, *shape).
+        # One sample at a time, so that a one-hot cotangent does not pay for a
+        # backward pass through the whole batch.
+        _, vjp_fn = vjp(lambda p: f(p, x_i.unsqueeze(0))[0], detached)
+        return vmap(vjp_fn)(eye)[0]
+
+    def ntk_rows(direction: dict[str, Tensor]) -> Tensor:
+        # JVP of the model at x2 along J(x_i)^T e_a: the row block Theta(x_i, x2)[a, :].
+        return jvp(lambda p: f(p, xb), (detached,), (direction,))[1]  # (n2, k)
+
+    rows = []
     with torch.no_grad():
-        _, vjp_fn = vjp(lambda p: f(p, x1), detached)
-
-        def ntk_row(cotangent: Tensor) -> Tensor:
-            (direction,) = vjp_fn(cotangent)  # J(x1)^T e, parameter-shaped
-            _, row = jvp(lambda p: f(p, xb), (detached,), (direction,))
-            return row  # (n2, k)
-
-        basis = torch.eye(n1 * k, dtype=x1.dtype, device=x1.device).reshape(n1 * k, n1, k)
-        rows = vmap(ntk_row, chunk_size=chunk_size)(basis)  # (n1 k, n2, k)
-    return rows.reshape(n1, k, n2, k).permute(0, 2, 1, 3)
+        for i0 in range(0, n1, chunk):
+            directions = vmap(cotangent_directions)(x1[i0 : i0 + chunk])
+            flat = {n: v.reshape((-1,) + v.shape[2:]) for n, v in directions.items()}
+            rows.append(vmap(ntk_rows)(flat))  # (c k, n2, k)
+    return torch.cat(rows).reshape(n1, k, n2, k).permute(0, 2, 1, 3)
 
 
 # --------------------------------------------------------------------------------------

@@ -554,7 +554,7 @@ def test_gd_mse_predictor_matches_discrete_gradient_descent_of_linear_model():
 def test_linearized_network_trained_with_sgd_follows_the_predictor():
     # The linearized network under full-batch SGD is discrete GD on a linear model whose
     # kernel is the empirical NTK at initialization (Lee et al. 2019, section 2.2).
-    net = fc_network(3, 64, 2, b_std=0.2, generator=gen(30))
+    net = fc_network(3, 32, 2, b_std=0.2, generator=gen(30))
     x, x_test = randn(8, 3, seed=31), randn(3, 3, seed=32)
     y = randn(8, seed=33)
     lin = linearize(net)
@@ -562,7 +562,7 @@ def test_linearized_network_trained_with_sgd_follows_the_predictor():
     theta_test = empirical_ntk(net, x_test, x)
     with torch.no_grad():
         f0, f0_test = net(x)[:, 0], net(x_test)[:, 0]
-    eta, steps = 0.02, 150
+    eta, steps = 0.05, 50
     predict = gd_mse_predictor(theta, y, learning_rate=eta, ntk_test_train=theta_test, f0_train=f0, f0_test=f0_test)
     opt = torch.optim.SGD(lin.parameters(), lr=eta)
     for _ in range(steps):

@@ -1,0 +1,204 @@
+"""Small timing helpers shared by the ``bench_*.py`` scripts.
+
+What they measure, so that every benchmark reports the same thing:
+
+* **time**: the median of ``repeats`` wall-clock runs (``time.perf_counter``) after one
+  warm-up call; the warm-up (which includes any JIT compilation) is timed and reported
+  on its own. Implementations that are compared are timed *interleaved* (one run of
+  each per round), so that load from other processes on a shared machine hits all of
+  them alike.
+* **peak memory**: measured in a fresh subprocess per implementation: after the
+  warm-up call, the kernel's resident-set high-water mark is reset
+  (``/proc/self/clear_refs``) and one more call is made; the figure is the peak RSS
+  during that call minus the RSS just before it (MiB), i.e. the extra resident memory
+  the call needs, its output included. The subprocess runs with
+  ``MALLOC_MMAP_THRESHOLD_`` fixed so that large buffers freed by the warm-up are
+  returned to the kernel instead of being recycled invisibly. Linux only; elsewhere
+  the figure is ``None``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+__all__ = [
+    "RESULTS_DIR",
+    "cpu_name",
+    "machine_info",
+    "time_interleaved",
+    "peak_memory_of_call",
+    "run_worker",
+    "write_results",
+    "markdown_table",
+]
+
+
+def cpu_name() -> str:
+    """CPU model from ``/proc/cpuinfo`` (falls back to ``platform.processor()``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} logical cores)"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} logical cores)"
+
+
+def machine_info(**versions: str) -> dict[str, Any]:
+    """The ``machine`` record of a results file: CPU, torch threads, versions, date."""
+    import torch
+
+    info: dict[str, Any] = {
+        "cpu": cpu_name(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    info.update(versions)
+    info["date"] = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return info
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]], repeats: int
+) -> dict[str, dict[str, float]]:
+    """Time several zero-argument callables, interleaved round by round.
+
+    Each callable must block until its result is ready (e.g. call
+    ``block_until_ready`` on JAX outputs). Returns, per name, ``first_s`` (the warm-up
+    call, compilation included), ``median_s`` and ``min_s`` over ``repeats`` rounds.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        fn()
+        out[name] = {"first_s": time.perf_counter() - t0}
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    for name, values in samples.items():
+        out[name]["median_s"] = statistics.median(values)
+        out[name]["min_s"] = min(values)
+    return out
+
+
+def _status_mib(key: str) -> Optional[float]:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def peak_memory_of_call(fn: Callable[[], Any]) -> Optional[float]:
+    """Extra peak RSS (MiB) of one call of ``fn`` after a warm-up call (see module doc).
+
+    Meant to run in a fresh process (:func:`run_worker`). Returns ``None`` where
+    ``/proc`` is unavailable or the high-water mark cannot be reset.
+    """
+    import gc
+
+    fn()  # warm-up: compilation, caches, allocator pools
+    gc.collect()
+    before = _status_mib("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # reset VmHWM to the current RSS
+    except OSError:
+        return None
+    result = fn()
+    peak = _status_mib("VmHWM")
+    del result
+    if before is None or peak is None:
+        return None
+    return max(peak - before, 0.0)
+
+
+def run_worker(script: Path, args: Sequence[str], env: Optional[dict[str, str]] = None) -> Any:
+    """Run ``python script *args`` in a fresh process; its last stdout line is JSON."""
+    full_env = dict(os.environ)
+    # Fixed threshold: big buffers are mmapped and given back on free (see module doc).
+    full_env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"worker {script.name} {' '.join(args)} failed ({proc.returncode}):\n"
+            f"{proc.stderr[-3000:]}"
+        )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    return json.loads(lines[-1])
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows of a results file as a GitHub markdown table."""
+
+    def fmt_s(v: float) -> str:
+        return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
+
+    def fmt_mb(v: Optional[float]) -> str:
+        return "n/a" if v is None else f"{v:.0f}"
+
+    lines = [
+        "| case | shape | ours | ours time | reference | ref time | speedup (ref/ours) "
+        "| ours peak MiB | ref peak MiB | goal | met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['shape']} | {r['ours']} | {fmt_s(r['ours_s'])} | {r['ref']} "
+            f"| {fmt_s(r['ref_s'])} | {r['speedup']:.2f}x | {fmt_mb(r['ours_peak_mb'])} "
+            f"| {fmt_mb(r['ref_peak_mb'])} | {r['goal']} | {'yes' if r['goal_met'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def write_results(
+    name: str,
+    machine: dict[str, Any],
+    rows: list[dict[str, Any]],
+    notes: str,
+    out_dir: Path = RESULTS_DIR,
+) -> tuple[Path, Path]:
+    """Write ``<name>.json`` (``{"benchmark", "machine", "rows"}``) and ``<name>.md``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_{name}"
+    json_path = out_dir / f"{stem}.json"
+    md_path = out_dir / f"{stem}.md"
+    payload = {"benchmark": name, "machine": machine, "rows": rows}
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+    header = [
+        f"# Benchmark `{name}`",
+        "",
+        "Machine: " + ", ".join(f"{k}: {v}" for k, v in machine.items()),
+        "",
+        markdown_table(rows),
+        "",
+        notes.strip(),
+        "",
+    ]
+    md_path.write_text("\n".join(header))
+    return json_path, md_path

@@ -1,0 +1,322 @@
+"""Speed of ``kernels.ntk`` against neural-tangents on the same machine, in the same run.
+
+    python benchmarks/bench_ntk.py           # full sizes, writes benchmarks/results/bench_ntk.{json,md}
+    python benchmarks/bench_ntk.py --quick   # small sizes, prints only (``--out DIR`` to write)
+
+Cases (chapter 1, chapters/01_ntk.ipynb, reads the results file):
+
+(a) ``empirical_ntk`` of an MLP with 3 hidden ReLU layers of width 512 (NTK
+    parametrization, scalar output) on 256 inputs of dimension 64, float32 on both
+    sides, ``x2=None``. Ours: each method (``gram`` is what ``method="auto"`` picks for
+    this network). Reference: ``neural_tangents.empirical_ntk_fn`` under ``jax.jit``,
+    implementations 1 (Jacobian contraction) and 2 (NTK-vector products); 3 and AUTO
+    are broken with the pinned versions. ``gram`` is compared with the faster of 1 and
+    2; ``jacobian`` and ``jvp`` with the neural-tangents implementation of the same
+    algorithm (1 and 2 respectively).
+(b) ``fc_kernel`` (NNGP and NTK, depth 3, ReLU) on 2000 inputs of dimension 64 against
+    ``stax`` ``kernel_fn(x, None, ("nngp", "ntk"))`` under ``jax.jit``: once with float32
+    inputs and outputs (neural-tangents computes in float32, ``fc_kernel`` always in
+    float64), once in float64 on both sides (jax x64).
+
+Timing and memory conventions are those of ``benchmarks/_harness.py``: medians of
+interleaved repeats after a warm-up call; the warm-up (jit compilation for
+neural-tangents) is reported separately; peak memory is the extra resident memory of
+one steady-state call, measured in a fresh process per implementation. Each timing
+group also checks that ours and the reference agree on the benchmark inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+
+from _harness import (  # noqa: E402  (the path line above makes _harness importable)
+    RESULTS_DIR,
+    machine_info,
+    markdown_table,
+    peak_memory_of_call,
+    run_worker,
+    time_interleaved,
+    write_results,
+)
+
+SIZES = {
+    "full": dict(n=256, d=64, width=512, depth=3, n_kernel=2000, repeats=7),
+    "quick": dict(n=64, d=16, width=128, depth=3, n_kernel=300, repeats=3),
+}
+
+#: Implementations per timing group; "nt*" ones need neural-tangents.
+GROUPS = {
+    "empirical": ["gram", "jacobian", "jvp", "nt1", "nt2"],
+    "kernel32": ["fc_kernel", "nt_kernel_fn"],
+    "kernel64": ["fc_kernel", "nt_kernel_fn"],
+}
+
+
+def _inputs(n: int, d: int, seed: int, dtype: str):
+    import numpy as np
+
+    return np.random.RandomState(seed).standard_normal((n, d)).astype(dtype)
+
+
+def build(group: str, impl: str, size: dict[str, int]) -> Callable[[], Any]:
+    """A zero-argument callable that runs ``impl`` once and blocks on its result."""
+    import torch
+
+    from kernels.ntk import empirical_ntk, fc_kernel, fc_network
+
+    if group == "empirical":
+        x_np = _inputs(size["n"], size["d"], 0, "float32")
+        net = fc_network(
+            size["d"], size["width"], size["depth"], 1,
+            generator=torch.Generator().manual_seed(0), dtype=torch.float32,
+        )
+        if impl in ("gram", "jacobian", "jvp"):
+            x = torch.from_numpy(x_np)
+            return lambda: empirical_ntk(net, x, method=impl)
+        import jax
+        import neural_tangents as nt
+
+        apply_fn, params = _nt_mlp(net, size)
+        kernel_fn = jax.jit(
+            nt.empirical_ntk_fn(apply_fn, vmap_axes=0, implementation=int(impl[-1]))
+        )
+        xj = jax.numpy.asarray(x_np)
+        return lambda: kernel_fn(xj, None, params).block_until_ready()
+
+    dtype = "float32" if group == "kernel32" else "float64"
+    x_np = _inputs(size["n_kernel"], size["d"], 1, dtype)
+    if impl == "fc_kernel":
+        x = torch.from_numpy(x_np)
+        return lambda: fc_kernel(x, depth=size["depth"])
+    import jax
+    from neural_tangents import stax
+
+    if dtype == "float64" and not jax.config.jax_enable_x64:
+        raise RuntimeError("kernel64 needs JAX_ENABLE_X64=1")
+    layers = []
+    for _ in range(size["depth"]):
+        layers += [stax.Dense(size["width"]), stax.Relu()]
+    layers.append(stax.Dense(1))
+    kernel_fn = jax.jit(stax.serial(*layers)[2], static_argnames="get")
+    xj = jax.numpy.asarray(x_np)
+
+    def run():
+        out = kernel_fn(xj, None, ("nngp", "ntk"))
+        out.ntk.block_until_ready()
+        return out
+
+    return run
+
+
+def _nt_mlp(net, size):
+    """neural-tangents twin of ``net`` with the same weights (NT Dense: W (in, out))."""
+    import jax.numpy as jnp
+    from neural_tangents import stax
+
+    from kernels.ntk import NTKLinear
+
+    layers = []
+    for _ in range(size["depth"]):
+        layers += [stax.Dense(size["width"], 1.0, 0.0), stax.Relu()]
+    layers.append(stax.Dense(1, 1.0, 0.0))
+    _, apply_fn, _ = stax.serial(*layers)
+    params = []
+    for layer in net:
+        if isinstance(layer, NTKLinear):
+            params.append(
+                (
+                    jnp.asarray(layer.weight.detach().numpy().T),
+                    jnp.asarray(layer.bias.detach().numpy()[None, :]),
+                )
+            )
+        else:
+            params.append(())
+    return apply_fn, params
+
+
+def _agreement(group: str, fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """Max relative difference of each implementation from the first reference one."""
+    import numpy as np
+
+    def as_np(value):
+        if hasattr(value, "ntk"):  # kernel results: compare the NTK
+            value = value.ntk
+        if hasattr(value, "detach"):
+            value = value.detach().numpy()
+        return np.asarray(value, dtype=np.float64)
+
+    outs = {name: as_np(fn()) for name, fn in fns.items()}
+    ref_name = "nt1" if group == "empirical" else "nt_kernel_fn"
+    ref = outs[ref_name]
+    return {
+        name: float(np.abs(v.reshape(ref.shape) - ref).max() / np.abs(ref).max())
+        for name, v in outs.items()
+        if name != ref_name
+    }
+
+
+def worker_time(group: str, size: dict[str, int], repeats: int) -> dict[str, Any]:
+    fns = {impl: build(group, impl, size) for impl in GROUPS[group]}
+    timings = time_interleaved(fns, repeats)
+    return {"timings": timings, "agreement": _agreement(group, fns)}
+
+
+def worker_memory(group: str, impl: str, size: dict[str, int]) -> dict[str, Any]:
+    return {"peak_mb": peak_memory_of_call(build(group, impl, size))}
+
+
+def _versions() -> dict[str, str]:
+    import jax
+    import neural_tangents
+
+    return {"jax": jax.__version__, "neural_tangents": neural_tangents.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, a few repeats")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per case")
+    parser.add_argument("--out", type=Path, default=None, help="results folder")
+    parser.add_argument("--worker", choices=["time", "memory"], help=argparse.SUPPRESS)
+    parser.add_argument("--group", choices=sorted(GROUPS), help=argparse.SUPPRESS)
+    parser.add_argument("--impl", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    size = SIZES["quick" if args.quick else "full"]
+    repeats = args.repeats or size["repeats"]
+
+    if args.worker == "time":
+        print(json.dumps(worker_time(args.group, size, repeats)))
+        return 0
+    if args.worker == "memory":
+        print(json.dumps(worker_memory(args.group, args.impl, size)))
+        return 0
+
+    import torch
+
+    common = ["--quick"] if args.quick else []
+    x64 = {"JAX_ENABLE_X64": "1"}
+    print(f"torch {torch.__version__}, torch threads {torch.get_num_threads()}, "
+          f"{os.cpu_count()} logical cores; JAX/XLA uses its own thread pool on the same cores")
+    print(f"(a) empirical_ntk: MLP {size['d']}-" + "-".join([str(size["width"])] * size["depth"])
+          + f"-1, n={size['n']}, float32")
+    print(f"(b) fc_kernel: {size['n_kernel']} x {size['d']} inputs, depth {size['depth']}, relu")
+
+    timings: dict[str, Any] = {}
+    for group in GROUPS:
+        env = x64 if group == "kernel64" else None
+        print(f"timing {group} ({repeats} interleaved repeats) ...", flush=True)
+        timings[group] = run_worker(
+            HERE, ["--worker", "time", "--group", group, "--repeats", str(repeats), *common], env
+        )
+    peaks: dict[tuple[str, str], Any] = {}
+    for group, impls in GROUPS.items():
+        env = x64 if group == "kernel64" else None
+        for impl in impls:
+            print(f"peak memory {group}/{impl} ...", flush=True)
+            peaks[group, impl] = run_worker(
+                HERE, ["--worker", "memory", "--group", group, "--impl", impl, *common], env
+            )["peak_mb"]
+
+    rows = []
+    emp = timings["empirical"]["timings"]
+    best_nt = min(("nt1", "nt2"), key=lambda k: emp[k]["median_s"])
+    mlp = (
+        f"MLP {size['d']}-" + "-".join([str(size["width"])] * size["depth"])
+        + f"-1 (ReLU, NTK param.), {size['n']} inputs, x2=None, float32"
+    )
+    nt_name = "neural_tangents.empirical_ntk_fn (jit, implementation={})"
+    for method, ref_impl, goal, threshold in [
+        ("gram", best_nt, "speedup >= 3 vs the faster of NT implementations 1 and 2 "
+         "(method='auto' picks 'gram' here)", 3.0),
+        ("jacobian", "nt1", "speedup >= 1 vs NT's same algorithm (Jacobian contraction)", 1.0),
+        ("jvp", "nt2", "speedup >= 1 vs NT's same algorithm (NTK-vector products)", 1.0),
+    ]:
+        ours_s = emp[method]["median_s"]
+        ref_s = emp[ref_impl]["median_s"]
+        rows.append({
+            "case": "empirical_ntk",
+            "shape": mlp,
+            "ours": method,
+            "ours_s": ours_s,
+            "ref": nt_name.format(ref_impl[-1]),
+            "ref_s": ref_s,
+            "speedup": ref_s / ours_s,
+            "ours_peak_mb": peaks["empirical", method],
+            "ref_peak_mb": peaks["empirical", ref_impl],
+            "goal": goal,
+            "goal_met": bool(ref_s / ours_s >= threshold),
+        })
+    for group, label in [("kernel32", "float32"), ("kernel64", "float64")]:
+        t = timings[group]["timings"]
+        ours_s, ref_s = t["fc_kernel"]["median_s"], t["nt_kernel_fn"]["median_s"]
+        math_note = "ours computes in float64" if label == "float32" else "both float64"
+        rows.append({
+            "case": "fc_kernel",
+            "shape": f"{size['n_kernel']} x {size['d']} inputs, x2=None, depth {size['depth']}, "
+                     f"ReLU, nngp+ntk, {label} in/out ({math_note})",
+            "ours": "fc_kernel",
+            "ours_s": ours_s,
+            "ref": f"neural_tangents.stax kernel_fn (jit, {label})",
+            "ref_s": ref_s,
+            "speedup": ref_s / ours_s,
+            "ours_peak_mb": peaks[group, "fc_kernel"],
+            "ref_peak_mb": peaks[group, "nt_kernel_fn"],
+            "goal": "no slower than kernel_fn (speedup >= 1)",
+            "goal_met": bool(ref_s / ours_s >= 1.0),
+        })
+
+    compile_lines = []
+    for group, res in timings.items():
+        for impl, tt in res["timings"].items():
+            compile_lines.append(
+                f"| {group} | {impl} | {tt['first_s']:.3f} | {tt['median_s']:.4f} | {tt['min_s']:.4f} |"
+            )
+    agree_lines = [
+        f"| {group} | {impl} | {err:.1e} |"
+        for group, res in timings.items()
+        for impl, err in res["agreement"].items()
+    ]
+    notes = "\n".join([
+        "Times are medians of interleaved repeats after one warm-up call "
+        f"({repeats} repeats; `benchmarks/_harness.py`). Peak MiB: extra resident memory "
+        "(peak RSS minus RSS before) of one steady-state call, measured in a fresh "
+        "process per implementation, output included.",
+        "",
+        "First call (warm-up; jit compilation for neural-tangents) and steady state, seconds:",
+        "",
+        "| group | implementation | first call | median | min |",
+        "|---|---|---|---|---|",
+        *compile_lines,
+        "",
+        "Agreement on the benchmark inputs (max relative difference from neural-tangents "
+        "implementation 1, resp. `kernel_fn`):",
+        "",
+        "| group | implementation | max rel. diff. |",
+        "|---|---|---|",
+        *agree_lines,
+    ])
+    print()
+    print(markdown_table(rows))
+    print()
+    print(notes)
+
+    out_dir = args.out if args.out is not None else (None if args.quick else RESULTS_DIR)
+    if out_dir is None:
+        print("\nquick run: results not written (pass --out DIR to write them)")
+        return 0
+    machine = machine_info(**_versions())
+    json_path, md_path = write_results("ntk", machine, rows, notes, out_dir)
+    print(f"\nwrote {json_path} and {md_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
