@@ -145,16 +145,62 @@ def _kernel_spectrum(coeffs: Tensor, n: int, length: int, causal: bool) -> Tenso
     return torch.fft.rfft(_circulant_column(coeffs, n, length, causal), n=length)
 
 
-def _apply_spectrum(spectrum: Tensor, x: Tensor, length: int) -> Tensor:
-    """``y = irfft(spectrum * rfft(x))`` along the sequence dimension of ``(..., n, c)``.
+class _SpectralProduct(torch.autograd.Function):
+    """``y = irfft(spectrum * rfft(x, L), L)[:n]`` along the sequence of ``(..., n, c)``.
 
-    The sequence dimension is moved last (a contiguous copy) because the FFT of
-    contiguous rows is several times faster than a strided one.
+    A hand-written backward, because autograd's backward of ``rfft`` runs a full-length
+    complex FFT: with :math:`G = \\mathrm{rFFT}_L(g_y)`, the adjoint is
+    :math:`g_x = \\mathrm{irFFT}_L(\\bar K G)_{0:n}` (the transposed Toeplitz matrix) and
+    the spectrum's gradient is :math:`g_K = \\frac{w}{L}\\sum_{\\text{batch}} \\bar X G`
+    (:math:`w = 2`, or 1 at DC and Nyquist, which ``irfft`` counts once and whose
+    imaginary part it ignores). Everything is half-spectrum FFTs. The sequence dimension
+    is moved last (one contiguous copy) since the FFT of contiguous rows is several times
+    faster than a strided one. Once differentiable (double backward raises).
     """
-    n = x.shape[-2]
-    xt = x.transpose(-1, -2).contiguous()
-    y = torch.fft.irfft(torch.fft.rfft(xt, n=length) * spectrum, n=length)
-    return y[..., :n].transpose(-1, -2)
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor, spectrum: Tensor, length: int) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        n = x.shape[-2]
+        x_freq = torch.fft.rfft(x.transpose(-1, -2).contiguous(), n=length)
+        y = torch.fft.irfft(x_freq * spectrum, n=length)
+        # x_freq is returned (and dropped by the caller) so that the backward can reuse it.
+        return y[..., :n].transpose(-1, -2), x_freq
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        x, spectrum, length = inputs
+        _, x_freq = output
+        ctx.mark_non_differentiable(x_freq)
+        ctx.n, ctx.length, ctx.real_dtype = x.shape[-2], length, x.dtype
+        ctx.save_for_backward(x_freq if ctx.needs_input_grad[1] else None, spectrum)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_y: Tensor, _: Any) -> tuple[Optional[Tensor], Optional[Tensor], None]:
+        x_freq, spectrum = ctx.saved_tensors
+        n, length = ctx.n, ctx.length
+        grad_freq = torch.fft.rfft(grad_y.transpose(-1, -2).contiguous(), n=length)
+        grad_x = grad_spectrum = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.fft.irfft(grad_freq * spectrum.conj(), n=length)
+            grad_x = grad_x[..., :n].transpose(-1, -2)
+        if ctx.needs_input_grad[1]:
+            prod = (grad_freq * x_freq.conj()).sum_to_size(spectrum.shape)
+            weight = torch.full(
+                (prod.shape[-1],), 2.0 / length, dtype=ctx.real_dtype, device=prod.device
+            )
+            weight[0] = 1.0 / length
+            if length % 2 == 0:
+                weight[-1] = 1.0 / length
+            grad_spectrum = prod * weight
+        return grad_x, grad_spectrum, None
+
+
+def _apply_spectrum(spectrum: Tensor, x: Tensor, length: int) -> Tensor:
+    """``irfft(spectrum * rfft(x, L), L)`` along the sequence dimension of ``(..., n, c)``."""
+    return _SpectralProduct.apply(x, spectrum, length)[0]
 
 
 def _check_coeffs_and_x(coeffs: Any, x: Any, causal: bool) -> tuple[Tensor, Tensor, int]:
