@@ -1,51 +1,84 @@
-"""Bracket balance: is a long sequence of brackets (among filler symbols) well nested?
+"""Bracket counting over long sequences: the second long-range task of chapter 4.
 
-The task: a sequence of ``length`` tokens holds an even number of brackets ``(`` and
-``)``, each bracket slot being a filler symbol (``a``, ``b``, ...) with probability
-``filler_fraction``. The label is 1 when the brackets form a *Dyck word* (every prefix
-has at least as many ``(`` as ``)``, and the counts agree at the end) and 0 otherwise.
-Membership in the Dyck language D1 is the textbook test of whether a sequence model can
-*count* over long spans: see Suzgun, Belinkov, Shieber & Gehrmann (2019), "LSTM Networks
-Can Perform Dynamic Counting" (ACL Workshop on Deep Learning and Formal Languages), and
+Two binary classification tasks on sequences of ``length`` tokens made of brackets
+``(`` and ``)`` among filler symbols (each position is a filler with probability
+``filler_fraction``). Both ask for the running *height* -- the number of ``(`` minus
+the number of ``)`` so far -- which depends on every earlier bracket:
+
+* **Bracket query** (:func:`generate_bracket_query`, the teaching-scale task): one
+  position holds a query marker ``?``; the label is 1 when the height at the marker is
+  positive (more ``(`` than ``)`` before it) and 0 when it is negative.
+* **Bracket balance** (:func:`generate_bracket_balance`, the hard variant): the label is
+  1 when the brackets form a Dyck word (no prefix with more ``)`` than ``(``, equal
+  counts at the end).
+
+Counting languages are the standard probe of whether a sequence model can keep a count
+over long spans: Dyck-1 (balanced brackets) and a^n b^n in Weiss, Goldberg & Yahav
+(2018), "On the Practical Computational Power of Finite Precision RNNs for Language
+Recognition" (ACL) and Suzgun, Belinkov, Shieber & Gehrmann (2019), "LSTM Networks Can
+Perform Dynamic Counting" (ACL Workshop on Deep Learning and Formal Languages);
 Bhattamishra, Ahuja & Goyal (2020), "On the Ability and Limitations of Transformers to
-Recognize Formal Languages" (EMNLP), which both train classifiers and recognisers on
-Dyck languages.
+Recognize Formal Languages" (EMNLP) train Transformers on the same languages. The query
+task is our classification form of that probe, built so that nothing but the long-range
+count decides the label.
 
-**Why this task next to ListOps.** Chapter 4 needs a second long-sequence task that a small
-TNN learns on a CPU in a minute or two at n = 512-1024, and whose learned Toeplitz
-kernels mean something:
+**Why this task next to ListOps.** Chapter 4 needs a second long-sequence task that a
+small TNN learns on a CPU in a minute or two at n = 512-1024, and whose learned
+Toeplitz kernels mean something:
 
-* *Long range by construction.* A negative is a positive with one ``(`` at a point of
-  height zero swapped with a later ``)``: the two sequences have the same bracket counts,
-  the same filler positions and differ in two tokens only. Deciding needs the running
-  height at the swapped position, a sum over *every* earlier bracket, and the swapped
-  position lies in the middle half of the sequence, so at least n/4 tokens back. No
-  bag-of-tokens statistic and no local window separates the classes.
-* *Solvable by a Toeplitz operator.* The running height is ``h = T x`` with ``T`` the
-  lower-triangular all-ones Toeplitz matrix and ``x = +1/-1/0`` for ``(``/``)``/filler,
-  so one token-mixing layer (a causal kernel that is constant over lags) followed by a
-  ReLU detector and mean pooling solves the task exactly. A trained TNN's kernels can
-  be compared with that ideal, and the decay bias ``lambda^|i-j|`` has a visible cost: it
-  forgets brackets further back than about ``1 / (1 - lambda)`` tokens.
+* *Long range by construction.* Every sequence has as many ``(`` as ``)`` (so no count
+  over the whole sequence, no bag of tokens, tells the classes apart), and the marker
+  lies in the middle half, so the height at the marker sums at least n/4 tokens. Each
+  bracket before the marker weighs the same in the label: a model that only counts
+  the last ``W`` tokens before the marker at position ``m`` scores roughly
+  ``1/2 + arcsin(sqrt(W/m))/pi`` (Gaussian approximation of the random walk, a little
+  optimistic; measured at n = 512: 58 %, 64 % and 73 % for W = 32, 64 and 128), so
+  accuracy measures how far back the model counts.
+* *Solved exactly by a Toeplitz operator.* The height is ``h = T x`` with ``T`` the
+  lower-triangular all-ones Toeplitz matrix and ``x = +1/-1/0`` for ``(``/``)``/other.
+  One gated Toeplitz unit -- gate = "this is the marker", value = ``x``, kernel constant
+  over lags ``>= 0`` -- followed by mean pooling computes ``h`` at the marker: the
+  learned kernels can be compared with that ideal, and the decay bias
+  ``lambda^|i-j|`` has a visible cost, since it forgets brackets further back than
+  about ``1 / (1 - lambda)`` tokens. The label is a *linear* function of the counts
+  followed by a sign, which is why a small model learns it in a few hundred steps.
 * *It is ListOps' bracket bookkeeping on its own.* ListOps mixes bracket tracking with
-  arithmetic; this task keeps the bracket tracking only, so the two rows of the accuracy
-  table separate the two difficulties.
-* *Pathfinder* (Linsley et al. 2018; LRA's image-like task) would match a column of the
-  paper's Table 2, but even large models need hours of accelerator training to leave
-  chance level on it (LRA, Table 1), so at teaching scale on a CPU it would only show
-  50 %. The real Pathfinder files can still be fetched with :mod:`data_scripts.lra`.
+  arithmetic; this task keeps the tracking only, so the two rows of the accuracy table
+  separate the two difficulties.
+* *Pathfinder* (Linsley, Kim, Veerabadran, Windolf & Serre 2018, "Learning long-range
+  spatial dependencies with horizontal gated recurrent units", NeurIPS; LRA's
+  image-like task) would match a column of the paper's Table 2, but models need long
+  accelerator training to leave chance level on it (LRA reports several at 50 %), so at
+  teaching scale on a CPU it would only show 50 %. The real Pathfinder files can be
+  fetched with :mod:`data_scripts.lra`.
 
-**Positives** are drawn as a random walk on the height that must open at height 0, opens
-or closes with probability 1/2 otherwise, and closes when the remaining brackets equal
-the height. Such walks return to height 0 about sqrt(number of brackets) times, spread
-over the whole sequence, which gives the negatives places to break. **Negatives** pick
-one height-0 point in the middle half of the brackets uniformly, and one later ``)``
-uniformly, and swap them: the height drops by 2 between the two, so it reaches -1 right
-after the first. Classes are exactly balanced (``n_samples // 2`` positives) and shuffled.
+The balance task is harder to *learn* although a TNN can represent it (height, then a
+ReLU detector of negative heights, then pooling): the detector gets no gradient until
+the count is nearly exact. In short CPU runs small TNNs stay around 60-70 % on it; use
+it for longer runs or as an exercise.
 
-Vocabulary (:data:`BRACKET_VOCAB`): ``<pad>`` (id 0, unused because every sequence has
-exactly ``length`` tokens; kept so that id 0 means padding in every task), ``(`` (1),
-``)`` (2), then ``n_fillers`` filler letters.
+**Query sequences.** The marker position ``m`` is uniform in ``[n/4, 3n/4)``; bracket
+positions are the non-marker positions that are not fillers, cut to an even total with
+an odd number before the marker (so the height there is never 0); the signs are a
+uniform random arrangement of equally many ``(`` and ``)``, negated as a whole when
+their height at the marker disagrees with the label drawn for that sequence (negation
+maps one class onto the other, so both classes have the same distribution of
+everything else).
+
+**Balance sequences.** Positives are random walks on the height that must open at
+height 0, open or close with probability 1/2 otherwise, and close when the remaining
+brackets equal the height; such walks return to 0 about sqrt(number of brackets)
+times, all along the sequence. A negative is a positive with one ``(`` at a height-0
+point in the middle half of the brackets swapped with a uniformly chosen later ``)``:
+same bracket counts, same filler positions, two tokens changed, and the height drops
+to -1 right after the swapped ``(``, at least a quarter of the brackets into the
+sequence.
+
+Both generators give exactly ``n_samples // 2`` positives, shuffled, and are
+deterministic under ``seed``. Vocabulary (:data:`BRACKET_VOCAB`): ``<pad>`` (id 0, never
+produced: all sequences have exactly ``length`` tokens; kept so that id 0 means padding
+in every task), ``(`` (1), ``)`` (2), ``?`` (3, the query marker), then filler letters
+``a``, ``b``, ... (ids 4 .. 3 + n_fillers). Embed ``vocab_size(n_fillers)`` ids.
 """
 
 from __future__ import annotations
@@ -59,7 +92,11 @@ __all__ = [
     "BRACKET_VOCAB",
     "OPEN_ID",
     "CLOSE_ID",
+    "QUERY_ID",
     "PAD_ID",
+    "vocab_size",
+    "generate_bracket_query",
+    "height_at_query",
     "bracket_heights",
     "is_balanced",
     "decode_brackets",
@@ -72,10 +109,18 @@ PAD_ID = 0
 OPEN_ID = 1
 #: Id of ``)``.
 CLOSE_ID = 2
+#: Id of the query marker ``?`` (bracket-query task only).
+QUERY_ID = 3
+_FIRST_FILLER = 4
 _MAX_FILLERS = 26
-#: Token of id i is ``BRACKET_VOCAB[i]``: ``<pad>``, ``(``, ``)``, then filler letters ``a``-``z``
-#: (a call with ``n_fillers = k`` uses the first k letters, ids 3..k+2).
-BRACKET_VOCAB: Tuple[str, ...] = ("<pad>", "(", ")") + tuple(chr(ord("a") + i) for i in range(_MAX_FILLERS))
+#: Token of id i is ``BRACKET_VOCAB[i]``: ``<pad>``, ``(``, ``)``, ``?``, then filler letters
+#: ``a``-``z`` (a call with ``n_fillers = k`` uses the first k letters, ids 4..k+3).
+BRACKET_VOCAB: Tuple[str, ...] = ("<pad>", "(", ")", "?") + tuple(chr(ord("a") + i) for i in range(_MAX_FILLERS))
+
+
+def vocab_size(n_fillers: int) -> int:
+    """Number of token ids to embed for a call with ``n_fillers`` filler symbols."""
+    return _FIRST_FILLER + _check_int("n_fillers", n_fillers, low=1)
 
 
 def _check_int(name: str, value: object, *, low: int) -> int:
@@ -85,6 +130,28 @@ def _check_int(name: str, value: object, *, low: int) -> int:
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     return value
+
+
+def _check_task_args(n_samples: object, length: object, seed: object, filler_fraction: object,
+                     n_fillers: object, *, min_length: int) -> Tuple[int, int, int, float, int]:
+    n_samples = _check_int("n_samples", n_samples, low=2)
+    length = _check_int("length", length, low=min_length)
+    seed = _check_int("seed", seed, low=0)
+    if isinstance(filler_fraction, bool) or not isinstance(filler_fraction, (int, float)):
+        raise TypeError(f"filler_fraction must be a real number, got {filler_fraction!r}")
+    if not 0.0 <= float(filler_fraction) <= 0.9:
+        raise ValueError(f"filler_fraction must lie in [0, 0.9], got {filler_fraction!r}")
+    n_fillers = _check_int("n_fillers", n_fillers, low=1)
+    if n_fillers > _MAX_FILLERS:
+        raise ValueError(f"n_fillers must be <= {_MAX_FILLERS}, got {n_fillers}")
+    return n_samples, length, seed, float(filler_fraction), n_fillers
+
+
+def _balanced_labels(rng: np.random.Generator, n_samples: int) -> np.ndarray:
+    labels = np.zeros(n_samples, dtype=np.int64)
+    labels[: n_samples // 2] = 1
+    rng.shuffle(labels)
+    return labels
 
 
 def bracket_heights(tokens: torch.Tensor) -> torch.Tensor:
@@ -108,6 +175,82 @@ def is_balanced(tokens: torch.Tensor) -> torch.Tensor:
     if h.shape[-1] == 0:
         return torch.ones(h.shape[:-1], dtype=torch.bool)
     return (h.min(dim=-1).values >= 0) & (h[..., -1] == 0)
+
+
+def height_at_query(tokens: torch.Tensor) -> torch.Tensor:
+    """Height (``(`` minus ``)``) before the first ``?`` of each sequence.
+
+    Shapes: (..., n) -> (...) int64. Raises ValueError if a sequence has no ``?``.
+    """
+    h = bracket_heights(tokens)
+    is_query = tokens == QUERY_ID
+    if not bool(is_query.any(dim=-1).all()):
+        raise ValueError("tokens must contain the query marker '?' (id 3) in every sequence")
+    first = is_query.to(torch.int64).argmax(dim=-1, keepdim=True)
+    return h.gather(-1, first).squeeze(-1)  # the marker itself does not move the height
+
+
+def generate_bracket_query(
+    n_samples: int,
+    *,
+    length: int,
+    seed: int,
+    filler_fraction: float = 0.0,
+    n_fillers: int = 8,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Bracket sequences with one query marker; label = "more ``(`` than ``)`` before the marker".
+
+    See the module docstring for the construction: equal bracket counts overall, the
+    marker uniform in the middle half, an odd number of brackets before it, classes
+    mapped onto each other by swapping ``(`` and ``)``.
+
+    Args:
+        n_samples: number of sequences, >= 2 (half of them, rounded down, are positives).
+        length: tokens per sequence, >= 8. Chapter scale: 512 to 1024.
+        seed: seed of ``numpy.random.default_rng``; the same arguments give the same data.
+        filler_fraction: probability that a token is a filler rather than a bracket, in
+            [0, 0.9]. 0 gives pure bracket strings (plus the marker).
+        n_fillers: number of distinct filler symbols, 1..26 (ignored when
+            ``filler_fraction == 0``).
+
+    Returns:
+        ``(tokens, labels)``: ``tokens`` int64 (n_samples, length) with ids from
+        :data:`BRACKET_VOCAB`, exactly one ``?`` per row, no padding; ``labels`` int64
+        (n_samples,), 1 where the height at the marker is positive (it is never 0).
+        Ids to embed: ``vocab_size(n_fillers)``.
+
+    Cost: O(n_samples * length), vectorised per sequence.
+
+    Raises:
+        ValueError / TypeError naming the argument when an argument is out of range.
+    """
+    n_samples, length, seed, filler_fraction, n_fillers = _check_task_args(
+        n_samples, length, seed, filler_fraction, n_fillers, min_length=8)
+    rng = np.random.default_rng(seed)
+    labels = _balanced_labels(rng, n_samples)
+    tokens = np.empty((n_samples, length), dtype=np.int64)
+    for i in range(n_samples):
+        while True:
+            marker = int(rng.integers(length // 4, (3 * length) // 4))
+            slots = np.flatnonzero(rng.random(length) >= filler_fraction)
+            slots = slots[slots != marker]
+            before, after = slots[slots < marker], slots[slots > marker]
+            if len(before) % 2 == 0:
+                before = before[:-1]  # odd count before the marker: the height is never 0
+            slots = np.concatenate([before, after])
+            if len(slots) % 2:
+                slots = slots[:-1]  # even count overall: as many "(" as ")"
+            if len(before) >= 1 and len(slots) >= 2:
+                break
+        steps = np.repeat(np.array([1, -1], dtype=np.int64), len(slots) // 2)
+        rng.shuffle(steps)
+        if (steps[: len(before)].sum() > 0) != bool(labels[i]):
+            steps = -steps
+        row = rng.integers(_FIRST_FILLER, _FIRST_FILLER + n_fillers, size=length)
+        row[slots] = np.where(steps > 0, OPEN_ID, CLOSE_ID)
+        row[marker] = QUERY_ID
+        tokens[i] = row
+    return torch.from_numpy(tokens), torch.from_numpy(labels)
 
 
 def _positive_walk(rng: np.random.Generator, n_brackets: int) -> np.ndarray:
@@ -151,29 +294,18 @@ def generate_bracket_balance(
 
     Returns:
         ``(tokens, labels)``: ``tokens`` int64 (n_samples, length) with ids from
-        :data:`BRACKET_VOCAB` (no padding); ``labels`` int64 (n_samples,), 1 for balanced.
-        Vocabulary size to embed: ``3 + n_fillers``.
+        :data:`BRACKET_VOCAB` (no padding, no ``?``); ``labels`` int64 (n_samples,), 1 for
+        balanced. Ids to embed: ``vocab_size(n_fillers)``.
 
     Cost: O(n_samples * length) (a Python loop over the brackets of each positive).
 
     Raises:
         ValueError / TypeError naming the argument when an argument is out of range.
     """
-    n_samples = _check_int("n_samples", n_samples, low=2)
-    length = _check_int("length", length, low=16)
-    seed = _check_int("seed", seed, low=0)
-    if isinstance(filler_fraction, bool) or not isinstance(filler_fraction, (int, float)):
-        raise TypeError(f"filler_fraction must be a real number, got {filler_fraction!r}")
-    if not 0.0 <= float(filler_fraction) <= 0.9:
-        raise ValueError(f"filler_fraction must lie in [0, 0.9], got {filler_fraction!r}")
-    n_fillers = _check_int("n_fillers", n_fillers, low=1)
-    if n_fillers > _MAX_FILLERS:
-        raise ValueError(f"n_fillers must be <= {_MAX_FILLERS}, got {n_fillers}")
-
+    n_samples, length, seed, filler_fraction, n_fillers = _check_task_args(
+        n_samples, length, seed, filler_fraction, n_fillers, min_length=16)
     rng = np.random.default_rng(seed)
-    labels = np.zeros(n_samples, dtype=np.int64)
-    labels[: n_samples // 2] = 1
-    rng.shuffle(labels)
+    labels = _balanced_labels(rng, n_samples)
 
     tokens = np.empty((n_samples, length), dtype=np.int64)
     for i in range(n_samples):
@@ -199,7 +331,7 @@ def generate_bracket_balance(
                 s = closes[rng.integers(len(closes))]
                 steps[t], steps[s] = -1, 1  # steps[t] was +1 (height 0), steps[s] was -1
             break
-        row = rng.integers(3, 3 + n_fillers, size=length)
+        row = rng.integers(_FIRST_FILLER, _FIRST_FILLER + n_fillers, size=length)
         row[slots] = np.where(steps > 0, OPEN_ID, CLOSE_ID)
         tokens[i] = row
     return torch.from_numpy(tokens), torch.from_numpy(labels)

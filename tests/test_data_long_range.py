@@ -48,7 +48,18 @@ from data_scripts.listops import (
     to_lra_source,
     write_listops_tsv,
 )
-from data_scripts.long_range import BRACKET_VOCAB, CLOSE_ID, OPEN_ID, bracket_heights, generate_bracket_balance, is_balanced
+from data_scripts.long_range import (
+    BRACKET_VOCAB,
+    CLOSE_ID,
+    OPEN_ID,
+    QUERY_ID,
+    bracket_heights,
+    generate_bracket_balance,
+    generate_bracket_query,
+    height_at_query,
+    is_balanced,
+    vocab_size,
+)
 from data_scripts.lra import find_lra_folder, load_lra_listops
 from data_scripts.wikitext import load_wikitext103_chars
 
@@ -200,7 +211,65 @@ def test_read_tsv_round_trips_generated_data_and_reports_bad_lines(tmp_path):
         read_listops_tsv(tmp_path / "missing.tsv")
 
 
-# ===================================================================== bracket balance
+# ====================================================================== bracket tasks
+def _height_before_marker(tokens: torch.Tensor) -> int:
+    """Independent count: walk the decoded string up to the '?'."""
+    text = long_range.decode_brackets(tokens)
+    prefix = text[: text.index("?")]
+    return prefix.count("(") - prefix.count(")")
+
+
+@pytest.mark.parametrize("filler_fraction", [0.0, 0.3])
+def test_bracket_query_labels_match_an_independent_count(filler_fraction):
+    tokens, labels = generate_bracket_query(150, length=256, seed=7, filler_fraction=filler_fraction)
+    assert tokens.shape == (150, 256) and tokens.dtype == torch.int64 and labels.dtype == torch.int64
+    assert int(labels.sum()) == 75  # exactly balanced classes
+    assert torch.equal((tokens == QUERY_ID).sum(1), torch.ones(150, dtype=torch.int64))
+    heights = [_height_before_marker(row) for row in tokens]
+    assert all(h != 0 for h in heights)
+    assert [int(h > 0) for h in heights] == labels.tolist()
+    assert torch.equal(height_at_query(tokens), torch.tensor(heights))
+    assert int(tokens.min()) >= 1 and int(tokens.max()) < vocab_size(8)
+    if filler_fraction == 0.0:  # only a leftover slot or two can be a filler
+        assert int((tokens >= 4).sum(1).max()) <= 2
+
+
+def test_bracket_query_is_long_range():
+    tokens, labels = generate_bracket_query(400, length=512, seed=0, filler_fraction=0.25)
+    # Same number of "(" and ")" in every sequence: counts over the whole sequence say nothing.
+    assert torch.equal((tokens == OPEN_ID).sum(1), (tokens == CLOSE_ID).sum(1))
+    marker = (tokens == QUERY_ID).long().argmax(1)
+    assert int(marker.min()) >= 128 and int(marker.max()) < 384  # the middle half
+    # A count over only the last 32 tokens before the marker is a poor predictor...
+    window = [int((row[m - 32 : m] == OPEN_ID).sum() - (row[m - 32 : m] == CLOSE_ID).sum())
+              for row, m in zip(tokens, marker.tolist())]
+    local_acc = sum((w > 0) == bool(y) for w, y in zip(window, labels.tolist()) if w != 0) / sum(w != 0 for w in window)
+    assert 0.5 < local_acc < 0.7
+    # ...while the marker position alone carries no information about the label.
+    assert abs(marker[labels == 1].float().mean() - marker[labels == 0].float().mean()) < 20
+
+
+def test_bracket_query_is_deterministic_and_validates():
+    a = generate_bracket_query(30, length=64, seed=2, filler_fraction=0.3, n_fillers=4)
+    b = generate_bracket_query(30, length=64, seed=2, filler_fraction=0.3, n_fillers=4)
+    c = generate_bracket_query(30, length=64, seed=3, filler_fraction=0.3, n_fillers=4)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and not torch.equal(a[0], c[0])
+    assert int(a[0].max()) < vocab_size(4)
+    for kwargs, exc, name in [
+        ({"n_samples": 1}, ValueError, "n_samples"),
+        ({"length": 7}, ValueError, "length"),
+        ({"length": 64.0}, TypeError, "length"),
+        ({"seed": -1}, ValueError, "seed"),
+        ({"filler_fraction": -0.1}, ValueError, "filler_fraction"),
+        ({"n_fillers": 30}, ValueError, "n_fillers"),
+    ]:
+        args = {"n_samples": 4, "length": 64, "seed": 0, **kwargs}
+        with pytest.raises(exc, match=name):
+            generate_bracket_query(args.pop("n_samples"), **args)
+    with pytest.raises(ValueError, match="query marker"):
+        height_at_query(torch.tensor([[1, 2, 1]]))
+
+
 def _balanced_by_reduction(tokens: torch.Tensor) -> bool:
     """Independent check: delete "()" pairs until none is left; balanced iff nothing remains."""
     s = "".join(BRACKET_VOCAB[i] for i in tokens.tolist() if i in (OPEN_ID, CLOSE_ID))
@@ -217,9 +286,10 @@ def test_bracket_balance_labels_match_an_independent_check(filler_fraction):
     for row, label in zip(tokens, labels.tolist()):
         assert _balanced_by_reduction(row) == bool(label)
     assert torch.equal(is_balanced(tokens).long(), labels)
-    assert int(tokens.min()) >= 1 and int(tokens.max()) < 3 + 8  # no padding, default 8 fillers
-    if filler_fraction == 0.0:
-        assert int(tokens.max()) <= CLOSE_ID or (tokens > CLOSE_ID).sum(1).max() <= 1
+    assert int(tokens.min()) >= 1 and int(tokens.max()) < vocab_size(8)  # no padding
+    assert not (tokens == QUERY_ID).any()
+    if filler_fraction == 0.0:  # at most the one leftover slot of an odd length is a filler
+        assert int((tokens >= 4).sum(1).max()) <= 1
 
 
 def test_bracket_balance_negatives_are_long_range_and_minimal():
@@ -244,8 +314,8 @@ def test_bracket_balance_is_deterministic_and_validates():
     b = generate_bracket_balance(30, length=128, seed=2, filler_fraction=0.3, n_fillers=4)
     c = generate_bracket_balance(30, length=128, seed=3, filler_fraction=0.3, n_fillers=4)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and not torch.equal(a[0], c[0])
-    assert int(a[0].max()) < 3 + 4
-    assert long_range.decode_brackets(torch.tensor([1, 3, 2])) == "(a)"
+    assert int(a[0].max()) < vocab_size(4)
+    assert long_range.decode_brackets(torch.tensor([1, 4, 2, 3])) == "(a)?"
     for kwargs, exc, name in [
         ({"n_samples": 1}, ValueError, "n_samples"),
         ({"length": 8}, ValueError, "length"),
