@@ -44,11 +44,13 @@ the closing brackets are what make the tree readable.
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 import random
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -79,6 +81,7 @@ PAD_ID = 0
 N_LISTOPS_CLASSES = 10
 
 _TOKEN_TO_ID = {tok: i for i, tok in enumerate(LISTOPS_VOCAB)}
+_ENCODE = {tok: i for tok, i in _TOKEN_TO_ID.items() if i != PAD_ID}  # "<pad>" is not a text token
 _DIGIT_IDS = tuple(_TOKEN_TO_ID[str(d)] for d in range(10))
 _OP_IDS = tuple(_TOKEN_TO_ID[op] for op in LISTOPS_OPERATORS)
 _END_ID = _TOKEN_TO_ID[END]
@@ -120,16 +123,15 @@ def encode_listops(expression: Expression) -> List[int]:
     Raises:
         ValueError naming the first unknown token.
     """
-    ids = []
-    for pos, tok in enumerate(tokenize_listops(expression)):
-        idx = _TOKEN_TO_ID.get(tok)
-        if idx is None or idx == PAD_ID:
-            raise ValueError(
-                f"expression has an unknown token {tok!r} at position {pos}; "
-                f"expected one of {LISTOPS_VOCAB[1:]}"
-            )
-        ids.append(idx)
-    return ids
+    tokens = tokenize_listops(expression)
+    try:
+        return [_ENCODE[tok] for tok in tokens]
+    except KeyError:
+        pos, tok = next((i, t) for i, t in enumerate(tokens) if t not in _ENCODE)
+        raise ValueError(
+            f"expression has an unknown token {tok!r} at position {pos}; "
+            f"expected one of {LISTOPS_VOCAB[1:]}"
+        ) from None
 
 
 def decode_listops(ids: Union[torch.Tensor, Iterable[int]]) -> str:
@@ -267,10 +269,11 @@ def _grow(rng: random.Random, depth: int, max_depth: int, max_args: int, out: Li
 
 
 def _pad(seqs: Sequence[Sequence[int]], length: int) -> torch.Tensor:
-    tokens = torch.full((len(seqs), length), PAD_ID, dtype=torch.int64)
-    for i, s in enumerate(seqs):
-        tokens[i, : len(s)] = torch.as_tensor(s, dtype=torch.int64)
-    return tokens
+    lengths = np.fromiter((len(seq) for seq in seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum()))
+    tokens = np.full((len(seqs), length), PAD_ID, dtype=np.int64)
+    tokens[np.arange(length) < lengths[:, None]] = flat  # row-major order = concatenation order
+    return torch.from_numpy(tokens)
 
 
 def generate_listops(

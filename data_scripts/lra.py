@@ -137,6 +137,10 @@ def load_lra_listops(
     Returns:
         ``(train, valid, test)``, each ``(tokens, lengths, labels)``: int64 (n, max_length),
         (n,), (n,), with the ids of :data:`data_scripts.listops.LISTOPS_VOCAB`.
+
+    Cost: reading is about 0.3 ms per expression (half a minute for the 96 000 training
+    expressions); the full training split padded to 2000 tokens takes 1.5 GB as int64,
+    so pass ``limit`` on small machines.
     """
     if not isinstance(download, bool):
         raise TypeError(f"download must be True or False, got {download!r}")
