@@ -129,11 +129,23 @@ def peak_memory_of_call(fn: Callable[[], Any]) -> Optional[float]:
     return max(peak - before, 0.0)
 
 
-def run_worker(script: Path, args: Sequence[str], env: Optional[dict[str, str]] = None) -> Any:
-    """Run ``python script *args`` in a fresh process; its last stdout line is JSON."""
+def run_worker(
+    script: Path,
+    args: Sequence[str],
+    env: Optional[dict[str, str]] = None,
+    *,
+    for_memory: bool = False,
+) -> Any:
+    """Run ``python script *args`` in a fresh process; its last stdout line is JSON.
+
+    ``for_memory=True`` fixes glibc's mmap threshold so that big buffers are mmapped and
+    given back on free (see module doc). Timing workers keep the default allocator
+    behaviour: a fixed threshold makes every large temporary a fresh mmap with page
+    faults, which would distort the times.
+    """
     full_env = dict(os.environ)
-    # Fixed threshold: big buffers are mmapped and given back on free (see module doc).
-    full_env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    if for_memory:
+        full_env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)
     full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if env:
         full_env.update(env)

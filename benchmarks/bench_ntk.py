@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         for impl in impls:
             print(f"peak memory {group}/{impl} ...", flush=True)
             peaks[group, impl] = run_worker(
-                HERE, ["--worker", "memory", "--group", group, "--impl", impl, *common], env
+                HERE, ["--worker", "memory", "--group", group, "--impl", impl, *common], env,
+                for_memory=True,
             )["peak_mb"]
 
     rows = []

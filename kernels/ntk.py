@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple, Optional, Union
 
 import torch
@@ -713,43 +714,55 @@ class NTKResult(NamedTuple):
 
 
 _TINY = torch.finfo(torch.float64).tiny
+#: Entries per row block in :func:`fc_kernel` on the CPU: just below ATen's intra-op
+#: grain size (32768), so that every op on a block runs inline on its calling thread.
+_BLOCK_ELEMENTS = 32_000
 
 
-def _relu_layer(
-    cov: Tensor, ntk: Tensor, buf: Tensor, var1: Tensor, var2: Tensor, w_var: float, b_var: float
-) -> tuple[Tensor, Tensor]:
-    """One ReLU + Dense step of the recursion; overwrites ``cov``, ``ntk``, ``buf``.
+def _relu_factors(var: Tensor, w_var: float) -> dict[str, Tensor]:
+    """Per-input factors of a ReLU step, from the input variances ``var`` (n,)."""
+    std = var.sqrt()
+    # A zero-variance input (x = 0, b_std = 0) gets cos = 0 instead of 0/0.
+    inv = torch.where(std > 0, 1.0 / std.clamp_min(_TINY), torch.zeros_like(std))
+    return {"inv": inv, "std": std, "scaled_std": std * (w_var / (2.0 * math.pi))}
+
+
+def _relu_step(
+    cov: Tensor, ntk: Tensor, row: dict[str, Tensor], col: dict[str, Tensor], w_var: float,
+    b_var: float,
+) -> None:
+    """One ReLU + Dense step on a block, in place: ``cov`` <- Sigma, ``ntk`` <- Theta.
 
     Arc-cosine kernels (Cho & Saul 2009) for :math:`(u, u') \\sim \\mathcal N(0,
     [[v_1, c], [c, v_2]])` with :math:`\\cos\\varphi = c/\\sqrt{v_1 v_2}`:
     :math:`E[\\sigma(u)\\sigma(u')] = \\frac{\\sqrt{v_1 v_2}}{2\\pi}(\\sin\\varphi +
     (\\pi - \\varphi)\\cos\\varphi)` and :math:`E[\\sigma'(u)\\sigma'(u')] =
-    \\frac{\\pi - \\varphi}{2\\pi}`. In-place arithmetic because at n = 2000 every
-    temporary is a 32 MB matrix and allocating it costs more than the arithmetic.
+    \\frac{\\pi - \\varphi}{2\\pi}`.
     """
-    s1, s2 = var1.sqrt(), var2.sqrt()
-    # A zero-variance input (x = 0, b_std = 0) gets cos = 0 instead of 0/0.
-    inv1 = torch.where(s1 > 0, 1.0 / s1.clamp_min(_TINY), torch.zeros_like(s1))
-    inv2 = torch.where(s2 > 0, 1.0 / s2.clamp_min(_TINY), torch.zeros_like(s2))
-    torch.outer(inv1, inv2, out=buf)
-    cos = cov.mul_(buf)
-    # The clamp keeps the diagonal (cos = 1 up to rounding) inside arccos' domain.
+    cos = cov.mul_(row["inv"][:, None]).mul_(col["inv"][None, :])
+    # The clamp keeps the diagonal (cos = 1 up to rounding) inside arccos' domain; it
+    # also makes 1 - cos^2 >= 0 exactly.
     cos.clamp_(-1.0, 1.0)
     pi_minus_phi = torch.arccos(cos).neg_().add_(math.pi)
-    sin = torch.mul(cos, cos).neg_().add_(1.0).clamp_min_(0.0).sqrt_()
-    scale = w_var / (2.0 * math.pi)
-    ntk.mul_(pi_minus_phi).mul_(scale)  # Theta * Sigma-dot
-    new_cov = sin.addcmul_(cos, pi_minus_phi)
-    torch.outer(s1, s2, out=buf)
-    new_cov.mul_(buf).mul_(scale).add_(b_var)
-    ntk.add_(new_cov)
-    return new_cov, ntk
+    sin = torch.addcmul(torch.ones((), dtype=cos.dtype, device=cos.device), cos, cos, value=-1.0)
+    sin.sqrt_()
+    ntk.mul_(pi_minus_phi).mul_(w_var / (2.0 * math.pi))  # Theta * Sigma-dot
+    cov.mul_(pi_minus_phi).add_(sin)
+    cov.mul_(row["scaled_std"][:, None]).mul_(col["std"][None, :]).add_(b_var)
+    ntk.add_(cov)
 
 
-def _erf_layer(
-    cov: Tensor, ntk: Tensor, buf: Tensor, var1: Tensor, var2: Tensor, w_var: float, b_var: float
-) -> tuple[Tensor, Tensor]:
-    """One Erf + Dense step of the recursion; overwrites ``cov``, ``ntk``, ``buf``.
+def _erf_factors(var: Tensor, w_var: float) -> dict[str, Tensor]:
+    """Per-input factors of an erf step: :math:`r = (1 + 2v)^{-1/2}` and scaled copies."""
+    r = torch.rsqrt(1.0 + 2.0 * var)
+    return {"r": r, "2r": 2.0 * r, "ntk_r": (w_var * 4.0 / math.pi) * r}
+
+
+def _erf_step(
+    cov: Tensor, ntk: Tensor, row: dict[str, Tensor], col: dict[str, Tensor], w_var: float,
+    b_var: float,
+) -> None:
+    """One Erf + Dense step on a block, in place: ``cov`` <- Sigma, ``ntk`` <- Theta.
 
     Williams (1997): with :math:`\\rho = 2c/\\sqrt{(1+2v_1)(1+2v_2)}`,
     :math:`E[\\mathrm{erf}(u)\\mathrm{erf}(u')] = \\frac{2}{\\pi}\\arcsin\\rho` and
@@ -757,14 +770,12 @@ def _erf_layer(
     - 4c^2\\big)^{-1/2} = \\frac{4}{\\pi}\\frac{1}{\\sqrt{(1+2v_1)(1+2v_2)}
     \\sqrt{1-\\rho^2}}`.
     """
-    r1, r2 = torch.rsqrt(1.0 + 2.0 * var1), torch.rsqrt(1.0 + 2.0 * var2)
-    torch.outer(r1, r2, out=buf)
-    rho = cov.mul_(buf).mul_(2.0).clamp_(-1.0, 1.0)
-    inv_root = torch.mul(rho, rho).neg_().add_(1.0).clamp_min_(_TINY).rsqrt_()
-    ntk.mul_(inv_root).mul_(buf).mul_(w_var * 4.0 / math.pi)
-    new_cov = rho.arcsin_().mul_(w_var * 2.0 / math.pi).add_(b_var)
-    ntk.add_(new_cov)
-    return new_cov, ntk
+    rho = cov.mul_(row["2r"][:, None]).mul_(col["r"][None, :]).clamp_(-1.0, 1.0)
+    one = torch.ones((), dtype=rho.dtype, device=rho.device)
+    inv_root = torch.addcmul(one, rho, rho, value=-1.0).clamp_min_(_TINY).rsqrt_()
+    ntk.mul_(inv_root).mul_(row["ntk_r"][:, None]).mul_(col["r"][None, :])
+    rho.arcsin_().mul_(w_var * 2.0 / math.pi).add_(b_var)
+    ntk.add_(rho)
 
 
 def _relu_diag(var: Tensor) -> Tensor:
@@ -773,6 +784,30 @@ def _relu_diag(var: Tensor) -> Tensor:
 
 def _erf_diag(var: Tensor) -> Tensor:
     return (2.0 / math.pi) * torch.arcsin(2.0 * var / (1.0 + 2.0 * var))
+
+
+def _map_row_blocks(fn: Callable[[int, int], None], n_rows: int, n_cols: int, device) -> None:
+    """Call ``fn(r0, r1)`` on row blocks covering ``range(n_rows)``.
+
+    On the CPU the blocks are small enough to stay in cache through every layer of the
+    recursion (about 15 elementwise ops each) and are shared among
+    ``torch.get_num_threads()`` Python threads (torch releases the GIL inside ops).
+    Why: one full-matrix pass per op is memory bound, and OpenMP's barrier after each
+    op degrades badly when other processes compete for the cores. On a GPU the whole
+    matrix is one block.
+    """
+    if device.type != "cpu":
+        fn(0, n_rows)
+        return
+    rows = max(1, _BLOCK_ELEMENTS // max(n_cols, 1))
+    starts = list(range(0, n_rows, rows))
+    threads = min(torch.get_num_threads(), len(starts))
+    if threads <= 1:
+        for r0 in starts:
+            fn(r0, min(r0 + rows, n_rows))
+        return
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(lambda r0: fn(r0, min(r0 + rows, n_rows)), starts))
 
 
 def fc_kernel(
@@ -829,16 +864,33 @@ def fc_kernel(
     a = x1.to(torch.float64)
     b = a if x2 is None else x2.to(torch.float64)
     d = a.shape[1]
-    cov = (a @ b.T).mul_(w_var / d).add_(b_var)
+    factors, step, diag = (
+        (_relu_factors, _relu_step, _relu_diag)
+        if activation == "relu"
+        else (_erf_factors, _erf_step, _erf_diag)
+    )
+    # The diagonal variances Sigma^(l)(x, x) of every layer first (vectors, cheap), so
+    # that each block of the matrices can then run through all layers on its own.
     var1 = (a * a).sum(1).mul_(w_var / d).add_(b_var)
     var2 = var1 if x2 is None else (b * b).sum(1).mul_(w_var / d).add_(b_var)
-    ntk = cov.clone()
-    buf = torch.empty_like(cov)
-    layer, diag = (_relu_layer, _relu_diag) if activation == "relu" else (_erf_layer, _erf_diag)
+    row_factors, col_factors = [], []
     for _ in range(depth):
-        cov, ntk = layer(cov, ntk, buf, var1, var2, w_var, b_var)
+        row_factors.append(factors(var1, w_var))
+        col_factors.append(row_factors[-1] if x2 is None else factors(var2, w_var))
         var1 = w_var * diag(var1) + b_var
         var2 = var1 if x2 is None else w_var * diag(var2) + b_var
+
+    cov = (a @ b.T).mul_(w_var / d).add_(b_var)  # Sigma^(1)
+    ntk = cov.clone()  # Theta^(1)
+
+    def run_block(r0: int, r1: int) -> None:
+        cov_block, ntk_block = cov[r0:r1], ntk[r0:r1]
+        for rows, cols in zip(row_factors, col_factors):
+            step(
+                cov_block, ntk_block, {k: v[r0:r1] for k, v in rows.items()}, cols, w_var, b_var
+            )
+
+    _map_row_blocks(run_block, cov.shape[0], cov.shape[1], cov.device)
     return NTKResult(nngp=cov.to(x1.dtype), ntk=ntk.to(x1.dtype))
 
 

@@ -226,6 +226,18 @@ def test_fc_kernel_matches_neural_tangents(nt_ref, activation, W_std, b_std):
         assert rel_err(sym.ntk, ref_sym.ntk) <= 1e-5 and rel_err(sym.nngp, ref_sym.nngp) <= 1e-5
 
 
+def test_fc_kernel_row_blocks_match_neural_tangents(nt_ref):
+    # 300 x 150 and 300 x 300 entries: several row blocks, shared among threads.
+    stax = nt_ref["stax"]
+    x1, x2 = randn(300, 8, seed=14), randn(150, 8, seed=15)
+    for activation in ("relu", "erf"):
+        _, _, kernel_fn = nt_mlp(stax, 64, 3, 1, activation, 1.2, 0.1, "ntk")
+        for a, b in ((x1, x2), (x1, None)):
+            ref = kernel_fn(a.numpy(), None if b is None else b.numpy(), ("nngp", "ntk"))
+            ours = fc_kernel(a, b, depth=3, activation=activation, W_std=1.2, b_std=0.1)
+            assert rel_err(ours.nngp, ref.nngp) <= 1e-5 and rel_err(ours.ntk, ref.ntk) <= 1e-5
+
+
 def test_fc_kernel_symmetric_case_dtype_and_diagonal_safety():
     x = randn(6, 4, seed=2)
     x = torch.cat([x, x[:2], torch.zeros(1, 4, dtype=F64)])  # duplicates and a zero row
