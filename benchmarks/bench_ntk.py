@@ -1,6 +1,6 @@
 """Speed of ``kernels.ntk`` against neural-tangents on the same machine, in the same run.
 
-    python benchmarks/bench_ntk.py           # full sizes, writes benchmarks/results/bench_ntk.{json,md}
+    python benchmarks/bench_ntk.py          # full sizes -> benchmarks/results/bench_ntk.{json,md}
     python benchmarks/bench_ntk.py --quick   # small sizes, prints only (``--out DIR`` to write)
 
 Cases (chapter 1, chapters/01_ntk.ipynb, reads the results file):
@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     for group, res in timings.items():
         for impl, tt in res["timings"].items():
             compile_lines.append(
-                f"| {group} | {impl} | {tt['first_s']:.3f} | {tt['median_s']:.4f} | {tt['min_s']:.4f} |"
+                f"| {group} | {impl} | {tt['first_s']:.3f} | {tt['median_s']:.4f} "
+                f"| {tt['min_s']:.4f} |"
             )
     agree_lines = [
         f"| {group} | {impl} | {err:.1e} |"

@@ -922,7 +922,9 @@ def _check_kernel_and_targets(
     return ntk_train_train, y_train
 
 
-def _check_like(name: str, value: Optional[Tensor], shape: tuple[int, ...], device) -> Optional[Tensor]:
+def _check_like(
+    name: str, value: Optional[Tensor], shape: tuple[int, ...], device: torch.device
+) -> Optional[Tensor]:
     if value is None:
         return None
     value = check_tensor(name, value)
@@ -948,7 +950,9 @@ def _check_times(t: object) -> tuple[Tensor, bool]:
     """Times as a float64 1-D tensor and whether the input was a scalar."""
     if isinstance(t, Tensor):
         if t.ndim > 1:
-            raise ValueError(f"t must be a scalar or a 1-D tensor of times, got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"t must be a scalar or a 1-D tensor of times, got shape {tuple(t.shape)}"
+            )
         if t.is_complex():
             raise TypeError(f"t must be real, got dtype {t.dtype}")
         scalar = t.ndim == 0
@@ -959,7 +963,9 @@ def _check_times(t: object) -> tuple[Tensor, bool]:
     else:
         raise TypeError(f"t must be a float or a tensor of times, got {type(t).__name__}")
     if bool(torch.isnan(times).any()) or bool((times < 0).any()):
-        raise ValueError("t must hold non-negative times (inf allowed), got NaN or a negative value")
+        raise ValueError(
+            "t must hold non-negative times (inf allowed), got NaN or a negative value"
+        )
     return times, scalar
 
 

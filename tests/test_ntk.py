@@ -154,7 +154,7 @@ def test_ntk_linear_initialization_statistics_and_reproducibility():
         (dict(in_features=2, out_features=-1), ValueError, "out_features"),
         (dict(in_features=2, out_features=2, W_std=0.0), ValueError, "W_std"),
         (dict(in_features=2, out_features=2, b_std=-1.0), ValueError, "b_std"),
-        (dict(in_features=2, out_features=2, parameterization="mup"), ValueError, "parameterization"),
+        (dict(in_features=2, out_features=2, parameterization="mup"), ValueError, "parameteriz"),
         (dict(in_features=2, out_features=2, dtype=torch.int64), TypeError, "dtype"),
         (dict(in_features=2, out_features=2, generator=0), TypeError, "generator"),
         (dict(in_features=2, out_features=2, bias=1), TypeError, "bias"),
@@ -259,7 +259,8 @@ def test_fc_kernel_relu_depth_one_closed_form():
     # Theta = cos(phi)(pi - phi)/(2 pi) + (sin(phi) + (pi - phi) cos(phi))/(2 pi).
     phi = 1.1
     d = 3
-    x = torch.tensor([[1.0, 0.0, 0.0], [math.cos(phi), math.sin(phi), 0.0]], dtype=F64) * math.sqrt(d)
+    x = torch.tensor([[1.0, 0.0, 0.0], [math.cos(phi), math.sin(phi), 0.0]], dtype=F64)
+    x = x * math.sqrt(d)
     res = fc_kernel(x, depth=1)
     c = math.cos(phi)
     nngp = (math.sin(phi) + (math.pi - phi) * c) / (2 * math.pi)
@@ -428,7 +429,9 @@ def test_empirical_ntk_float32_matches_float64():
         "cpu",
         pytest.param(
             "cuda",
-            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU"),
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="torch sees no CUDA GPU"
+            ),
         ),
     ],
 )
@@ -457,8 +460,10 @@ def _bad_calls():
         (lambda: empirical_ntk(net, torch.ones(2, 3, dtype=torch.int64)), TypeError, "x1"),
         (lambda: empirical_ntk(net, x.float()), TypeError, "dtype"),
         (lambda: empirical_ntk(net, x, torch.ones(2, 3)), TypeError, "x2"),
-        (lambda: empirical_ntk(net, torch.full((2, 3), float("nan"), dtype=F64)), ValueError, "NaN"),
-        (lambda: empirical_ntk(net, x, torch.ones(2, 4, dtype=F64)), ValueError, "feature dimension"),
+        (lambda: empirical_ntk(net, torch.full((2, 3), float("nan"), dtype=F64)), ValueError,
+         "NaN"),
+        (lambda: empirical_ntk(net, x, torch.ones(2, 4, dtype=F64)), ValueError,
+         "feature dimension"),
         (lambda: empirical_ntk(net, torch.ones(2, 4, dtype=F64)), ValueError, "x1"),
         (lambda: empirical_ntk(net, torch.ones(3, dtype=F64)), ValueError, "x1"),
         (lambda: empirical_ntk(net, x, method="fast"), ValueError, "method"),
@@ -518,8 +523,9 @@ def test_gd_mse_predictor_matches_neural_tangents(nt_ref, k):
     np.testing.assert_allclose(f_test.reshape(ref_test.shape), ref_test, rtol=1e-7, atol=1e-9)
     inf_train, inf_test = predict(float("inf"))
     ref_inf_train, ref_inf_test = predict_nt(None, f0_nt, f0t_nt, jnp.asarray(k_st.numpy()))
-    np.testing.assert_allclose(inf_test.reshape(ref_inf_test.shape), ref_inf_test, rtol=1e-7, atol=1e-9)
-    np.testing.assert_allclose(inf_train.reshape(ref_inf_train.shape), ref_inf_train, rtol=1e-7, atol=1e-9)
+    tol = dict(rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(inf_test.reshape(ref_inf_test.shape), ref_inf_test, **tol)
+    np.testing.assert_allclose(inf_train.reshape(ref_inf_train.shape), ref_inf_train, **tol)
     one_train, one_test = predict(3.0)
     torch.testing.assert_close(one_train, f_train[2])
     torch.testing.assert_close(one_test, f_test[2])
@@ -531,7 +537,8 @@ def test_gd_mse_predictor_kernel_regression_and_initial_condition():
     f_train, f_test = predict(float("inf"))
     torch.testing.assert_close(f_train, y)
     torch.testing.assert_close(f_test, k_st @ torch.linalg.solve(k_tt, y))
-    f_train0, f_test0 = gd_mse_predictor(k_tt, y, ntk_test_train=k_st, f0_train=f0, f0_test=f0_test)(0.0)
+    predict0 = gd_mse_predictor(k_tt, y, ntk_test_train=k_st, f0_train=f0, f0_test=f0_test)
+    f_train0, f_test0 = predict0(0.0)
     torch.testing.assert_close(f_train0, f0)
     torch.testing.assert_close(f_test0, f0_test)
     only_train, none = gd_mse_predictor(k_tt, y)(2.0)
@@ -551,7 +558,8 @@ def test_gd_mse_predictor_matches_discrete_gradient_descent_of_linear_model():
         phi @ phi.T, y, learning_rate=eta, ntk_test_train=phi_test @ phi.T,
         f0_train=phi @ w, f0_test=phi_test @ w,
     )
-    curve = mse_loss_curve(phi @ phi.T, y, phi @ w, torch.tensor([0.0, float(steps)]), learning_rate=eta)
+    times = torch.tensor([0.0, float(steps)], dtype=F64)
+    curve = mse_loss_curve(phi @ phi.T, y, phi @ w, times, learning_rate=eta)
     w_t = w.clone()
     for _ in range(steps):
         w_t = w_t - eta * phi.T @ (phi @ w_t - y) / n
@@ -575,7 +583,9 @@ def test_linearized_network_trained_with_sgd_follows_the_predictor():
     with torch.no_grad():
         f0, f0_test = net(x)[:, 0], net(x_test)[:, 0]
     eta, steps = 0.05, 50
-    predict = gd_mse_predictor(theta, y, learning_rate=eta, ntk_test_train=theta_test, f0_train=f0, f0_test=f0_test)
+    predict = gd_mse_predictor(
+        theta, y, learning_rate=eta, ntk_test_train=theta_test, f0_train=f0, f0_test=f0_test
+    )
     opt = torch.optim.SGD(lin.parameters(), lr=eta)
     for _ in range(steps):
         opt.zero_grad()
@@ -691,7 +701,8 @@ def test_linearize_is_the_first_order_taylor_expansion():
     fd = moved(x) - net(x)
     torch.testing.assert_close(step1, fd, rtol=1e-3, atol=1e-9)
     # The original model is untouched and its NTK is the linearized model's NTK.
-    torch.testing.assert_close(net(x), fc_network(3, 16, 2, 2, activation="erf", b_std=0.3, generator=gen(50))(x))
+    fresh = fc_network(3, 16, 2, 2, activation="erf", b_std=0.3, generator=gen(50))
+    torch.testing.assert_close(net(x), fresh(x))
     torch.testing.assert_close(empirical_ntk(lin, x, method="jacobian"), empirical_ntk(net, x))
 
 
