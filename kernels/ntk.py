@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple, Optional, Union
 
@@ -957,7 +958,7 @@ def _check_times(t: object) -> tuple[Tensor, bool]:
             raise TypeError(f"t must be real, got dtype {t.dtype}")
         scalar = t.ndim == 0
         times = t.detach().to("cpu", torch.float64).reshape(-1)
-    elif isinstance(t, (int, float)) and not isinstance(t, bool):
+    elif isinstance(t, numbers.Real) and not isinstance(t, bool):
         scalar = True
         times = torch.tensor([float(t)], dtype=torch.float64)
     else:
