@@ -884,14 +884,25 @@ def fc_kernel(
     cov = (a @ b.T).mul_(w_var / d).add_(b_var)  # Sigma^(1)
     ntk = cov.clone()  # Theta^(1)
 
+    # x2 = None on the CPU: only the blocks on and above the diagonal run through the
+    # recursion (half the work); the rest is mirrored afterwards.
+    symmetric = x2 is None and cov.device.type == "cpu"
+
     def run_block(r0: int, r1: int) -> None:
-        cov_block, ntk_block = cov[r0:r1], ntk[r0:r1]
+        c0 = r0 if symmetric else 0
+        cov_block, ntk_block = cov[r0:r1, c0:], ntk[r0:r1, c0:]
         for rows, cols in zip(row_factors, col_factors):
-            step(
-                cov_block, ntk_block, {k: v[r0:r1] for k, v in rows.items()}, cols, w_var, b_var
-            )
+            row_block = {k: v[r0:r1] for k, v in rows.items()}
+            col_block = {k: v[c0:] for k, v in cols.items()}
+            step(cov_block, ntk_block, row_block, col_block, w_var, b_var)
+
+    def mirror_block(r0: int, r1: int) -> None:
+        cov[r0:r1, :r0].copy_(cov[:r0, r0:r1].T)
+        ntk[r0:r1, :r0].copy_(ntk[:r0, r0:r1].T)
 
     _map_row_blocks(run_block, cov.shape[0], cov.shape[1], cov.device)
+    if symmetric:
+        _map_row_blocks(mirror_block, cov.shape[0], cov.shape[1], cov.device)
     return NTKResult(nngp=cov.to(x1.dtype), ntk=ntk.to(x1.dtype))
 
 
