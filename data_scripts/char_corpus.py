@@ -33,7 +33,7 @@ import re
 import sys
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import torch
@@ -150,7 +150,9 @@ def _fold_char(c: str) -> str:
     """ASCII spelling of one character, or UNKNOWN_CHAR."""
     if c in _ASCII_SPELLINGS:
         return _ASCII_SPELLINGS[c]
-    decomposed = "".join(ch for ch in unicodedata.normalize("NFKD", c) if not unicodedata.combining(ch))
+    decomposed = "".join(
+        ch for ch in unicodedata.normalize("NFKD", c) if not unicodedata.combining(ch)
+    )
     if decomposed and all(_is_kept(ch) for ch in decomposed):
         return decomposed
     return UNKNOWN_CHAR
@@ -181,7 +183,9 @@ def build_vocab(text: str) -> CharVocab:
     return CharVocab("".join(sorted(set(text) | {UNKNOWN_CHAR})))
 
 
-def split_text(text: str, *, valid_fraction: float = 0.05, test_fraction: float = 0.05) -> Tuple[str, str, str]:
+def split_text(
+    text: str, *, valid_fraction: float = 0.05, test_fraction: float = 0.05
+) -> Tuple[str, str, str]:
     """Cut ``text`` into contiguous train / valid / test parts by character counts.
 
     ``len(valid) = round(valid_fraction * len(text))``, the same for test; train is the rest.
@@ -203,7 +207,7 @@ def char_corpus_text() -> str:
 
 
 def char_corpus_info() -> Dict[str, object]:
-    """Provenance of the corpus on this Python: version, topic count, sizes and SHA-256 of the text."""
+    """Provenance of the corpus on this Python: version, topic count, sizes, SHA-256 of the text."""
     from pydoc_data.topics import topics
 
     text = char_corpus_text()
@@ -234,7 +238,9 @@ def load_char_corpus(
         characters). Deterministic: the same Python gives the same tensors.
     """
     text = char_corpus_text()
-    train, valid, test = split_text(text, valid_fraction=valid_fraction, test_fraction=test_fraction)
+    train, valid, test = split_text(
+        text, valid_fraction=valid_fraction, test_fraction=test_fraction
+    )
     vocab = build_vocab(text)
     return vocab.encode(train), vocab.encode(valid), vocab.encode(test), vocab
 
@@ -260,7 +266,8 @@ def lm_blocks(ids: torch.Tensor, context_length: int) -> Tuple[torch.Tensor, tor
             f"context_length must be < len(ids) = {len(ids)}, got {context_length}"
         )
     stop = n_blocks * context_length
-    return ids[:stop].reshape(n_blocks, context_length), ids[1 : stop + 1].reshape(n_blocks, context_length)
+    inputs = ids[:stop].reshape(n_blocks, context_length)
+    return inputs, ids[1 : stop + 1].reshape(n_blocks, context_length)
 
 
 def random_lm_batch(

@@ -111,12 +111,15 @@ def _normalise_url(url: object) -> str:
     if scheme == "" and os.path.isabs(url):
         return Path(url).as_uri()
     raise ValueError(
-        f"url must start with http://, https:// or file:// (or be an absolute local path), got {url!r}"
+        "url must start with http://, https:// or file:// (or be an absolute local path), "
+        f"got {url!r}"
     )
 
 
 def cache_dir(root: Optional[PathLike] = None) -> Path:
-    """The data cache folder: ``root``, else ``$NN_KERNELS_DATA``, else ``~/.cache/nn-kernels-book``.
+    """The data cache folder: ``root``, else ``$NN_KERNELS_DATA``, else the default.
+
+    The default is ``~/.cache/nn-kernels-book``.
 
     The folder is not created here; :func:`download` creates what it writes into.
     """
@@ -145,8 +148,9 @@ def _manual_hint(url: str, dest: Path) -> str:
     )
 
 
-def _verify(path: Path, expected: Optional[str], *, dataset: str, url: str, actual: Optional[str] = None) -> None:
-    """Raise ChecksumError unless the file's digest is ``expected``; ``actual`` = digest of a fresh download."""
+def _verify(path: Path, expected: Optional[str], *, dataset: str, url: str,
+            actual: Optional[str] = None) -> None:
+    """Raise ChecksumError unless the digest is ``expected`` (``actual``: of a fresh download)."""
     if expected is None:
         return
     fresh = actual is not None
@@ -288,12 +292,13 @@ def _check_member_name(name: str, archive: Path) -> None:
     p = PurePosixPath(name.replace("\\", "/"))
     if p.is_absolute() or ".." in p.parts or (p.parts and ":" in p.parts[0]):
         raise UnsafeArchiveError(
-            f"{archive}: member {name!r} would be written outside the destination folder; refusing to extract"
+            f"{archive}: member {name!r} would be written outside the destination folder; "
+            "refusing to extract"
         )
 
 
 def extract(archive: PathLike, dest: PathLike) -> Path:
-    """Unpack a ``.zip`` or tar archive (``.tar``, ``.tar.gz``/``.tgz``, ``.gz``, ``.bz2``, ``.xz``) into ``dest``.
+    """Unpack a ``.zip`` or a tar archive (plain, gzip, bzip2 or xz) into ``dest``.
 
     The format is recognised from the content. Every member is checked before anything
     is written: absolute names, ``..`` components, links and device files raise
@@ -321,7 +326,9 @@ def extract(archive: PathLike, dest: PathLike) -> Path:
 
     is_zip = zipfile.is_zipfile(archive)
     if not is_zip and not tarfile.is_tarfile(archive):
-        raise ValueError(f"archive must be a zip or tar file (optionally gz/bz2/xz-compressed): {archive}")
+        raise ValueError(
+            f"archive must be a zip or tar file (optionally gz/bz2/xz-compressed): {archive}"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
     try:
@@ -383,7 +390,8 @@ def download_and_extract(
     target = folder / "extracted"
     if target.is_dir():
         return target
-    archive = download(url, folder / filename, sha256=sha256, timeout=timeout, dataset=dataset, progress=progress)
+    archive = download(url, folder / filename, sha256=sha256, timeout=timeout, dataset=dataset,
+                       progress=progress)
     extract(archive, target)
     if not keep_archive:
         archive.unlink()

@@ -74,7 +74,9 @@ LISTOPS_OPERATORS: Tuple[str, ...] = ("[MIN", "[MAX", "[MED", "[SM")
 #: Closing bracket of every operator.
 END = "]"
 #: Token of id i is ``LISTOPS_VOCAB[i]``; id 0 is padding.
-LISTOPS_VOCAB: Tuple[str, ...] = ("<pad>",) + tuple(str(d) for d in range(10)) + LISTOPS_OPERATORS + (END,)
+LISTOPS_VOCAB: Tuple[str, ...] = (
+    ("<pad>",) + tuple(str(d) for d in range(10)) + LISTOPS_OPERATORS + (END,)
+)
 #: Id of the padding token.
 PAD_ID = 0
 #: Number of labels (the value of an expression is a digit).
@@ -114,7 +116,9 @@ def tokenize_listops(expression: Expression) -> List[str]:
         return expression.replace("(", " ").replace(")", " ").split()
     if isinstance(expression, Sequence):
         return [tok for tok in expression if tok not in ("(", ")")]
-    raise TypeError(f"expression must be a string or a sequence of tokens, got {type(expression).__name__}")
+    raise TypeError(
+        f"expression must be a string or a sequence of tokens, got {type(expression).__name__}"
+    )
 
 
 def encode_listops(expression: Expression) -> List[int]:
@@ -179,12 +183,16 @@ def evaluate_listops(expression: Expression) -> int:
     for pos, tok in enumerate(tokens):
         if tok in LISTOPS_OPERATORS:
             if result is not None:
-                raise ValueError(f"expression continues after its top-level value, at position {pos} ({tok!r})")
+                raise ValueError(
+                    f"expression continues after its top-level value, at position {pos} ({tok!r})"
+                )
             stack.append((tok, []))
             continue
         if tok == END:
             if not stack:
-                raise ValueError(f"expression closes a bracket that was never opened, at position {pos}")
+                raise ValueError(
+                    f"expression closes a bracket that was never opened, at position {pos}"
+                )
             op, args = stack.pop()
             if not args:
                 raise ValueError(f"operator {op} has no arguments (closed at position {pos})")
@@ -201,9 +209,13 @@ def evaluate_listops(expression: Expression) -> int:
         elif result is None:
             result = value
         else:
-            raise ValueError(f"expression has more than one top-level value (second at position {pos})")
+            raise ValueError(
+                f"expression has more than one top-level value (second at position {pos})"
+            )
     if stack:
-        raise ValueError(f"expression leaves {len(stack)} bracket(s) open (innermost {stack[-1][0]})")
+        raise ValueError(
+            f"expression leaves {len(stack)} bracket(s) open (innermost {stack[-1][0]})"
+        )
     assert result is not None
     return result
 
@@ -270,7 +282,9 @@ def _grow(rng: random.Random, depth: int, max_depth: int, max_args: int, out: Li
 
 def _pad(seqs: Sequence[Sequence[int]], length: int) -> torch.Tensor:
     lengths = np.fromiter((len(seq) for seq in seqs), dtype=np.int64, count=len(seqs))
-    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum()))
+    flat = np.fromiter(
+        itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum())
+    )
     tokens = np.full((len(seqs), length), PAD_ID, dtype=np.int64)
     tokens[np.arange(length) < lengths[:, None]] = flat  # row-major order = concatenation order
     return torch.from_numpy(tokens)
@@ -322,7 +336,10 @@ def generate_listops(
     min_length = _check_int("min_length", min_length, low=1)
     max_length = _check_int("max_length", max_length, low=4)
     if min_length > max_length:
-        raise ValueError(f"min_length must be <= max_length, got min_length={min_length}, max_length={max_length}")
+        raise ValueError(
+            f"min_length must be <= max_length, got min_length={min_length}, "
+            f"max_length={max_length}"
+        )
     max_depth = _check_int("max_depth", max_depth, low=2)
     max_args = _check_int("max_args", max_args, low=2)
     seed = _check_int("seed", seed, low=0)
@@ -414,14 +431,18 @@ def read_listops_tsv(
         reader = csv.reader(f, delimiter="\t")
         header = next(reader, None)
         if header is None or [h.strip() for h in header] != ["Source", "Target"]:
-            raise ValueError(f"{path}: expected the header 'Source<TAB>Target' on line 1, got {header!r}")
+            raise ValueError(
+                f"{path}: expected the header 'Source<TAB>Target' on line 1, got {header!r}"
+            )
         for line_no, row in enumerate(reader, start=2):
             if limit is not None and len(seqs) >= limit:
                 break
             if not row:
                 continue
             if len(row) != 2:
-                raise ValueError(f"{path}, line {line_no}: expected 2 tab-separated fields, got {len(row)}")
+                raise ValueError(
+                    f"{path}, line {line_no}: expected 2 tab-separated fields, got {len(row)}"
+                )
             source, target = row
             try:
                 ids = encode_listops(source)
@@ -430,7 +451,9 @@ def read_listops_tsv(
             try:
                 label = int(target)
             except ValueError:
-                raise ValueError(f"{path}, line {line_no}: Target must be an integer, got {target!r}") from None
+                raise ValueError(
+                    f"{path}, line {line_no}: Target must be an integer, got {target!r}"
+                ) from None
             if not 0 <= label < N_LISTOPS_CLASSES:
                 raise ValueError(f"{path}, line {line_no}: Target must lie in 0..9, got {label}")
             if max_length is not None and len(ids) > max_length:
@@ -444,7 +467,10 @@ def read_listops_tsv(
                 except ValueError as err:
                     raise ValueError(f"{path}, line {line_no}: {err}") from None
                 if value != label:
-                    raise ValueError(f"{path}, line {line_no}: Target is {label} but the expression evaluates to {value}")
+                    raise ValueError(
+                        f"{path}, line {line_no}: Target is {label} but the expression "
+                        f"evaluates to {value}"
+                    )
             seqs.append(ids)
             labels.append(label)
     if not seqs:
@@ -468,7 +494,10 @@ def write_listops_tsv(path: Union[str, os.PathLike], expressions: Sequence[Expre
     if labels is None:
         labels = [evaluate_listops(e) for e in expressions]
     if len(labels) != len(expressions):
-        raise ValueError(f"labels must have one entry per expression, got {len(labels)} for {len(expressions)}")
+        raise ValueError(
+            f"labels must have one entry per expression, got {len(labels)} for "
+            f"{len(expressions)}"
+        )
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, delimiter="\t")
         writer.writerow(["Source", "Target"])

@@ -92,7 +92,9 @@ def fetch_lra(
 
 
 def find_lra_folder(name: str, path: PathLike) -> Path:
-    """The folder called ``name`` (``"listops-1000"``, ``"tsv_data"``, ``"pathfinder32"``, ...) below ``path``.
+    """The folder called ``name`` at or below ``path``.
+
+    ``name``: ``"listops-1000"``, ``"tsv_data"``, ``"pathfinder32"``, ...
 
     Looks in ``lra_release/lra_release/`` first (where the release keeps the task data),
     then ``lra_release/``, then ``path`` itself, then anywhere below ``path``.
@@ -124,7 +126,7 @@ def load_lra_listops(
     max_length: int = 2000,
     limit: Optional[int] = None,
 ) -> Tuple[Split, Split, Split]:
-    """LRA's ListOps splits as token tensors in the format of :func:`data_scripts.listops.generate_listops`.
+    """LRA's ListOps splits, in the format of :func:`data_scripts.listops.generate_listops`.
 
     Args:
         root, url, sha256, timeout: as in :func:`fetch_lra`.

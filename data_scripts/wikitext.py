@@ -16,7 +16,8 @@ longer serves the file (HTTP 403 since 2024). The default here,
 :data:`WIKITEXT103_URL`, is the mirror kept by the dataset's first author at
 ``https://wikitext.smerity.com/wikitext-103-raw-v1.zip``, which serves the same zip.
 Another copy is on the Hugging Face Hub
-(``https://huggingface.co/datasets/mattdangerw/wikitext-103-raw/resolve/main/wikitext-103-raw-v1.zip``);
+(``https://huggingface.co/datasets/mattdangerw/wikitext-103-raw/resolve/main/``
+``wikitext-103-raw-v1.zip``, one URL);
 pass it as ``url=`` if the default is down. No SHA-256 is published with the release, so
 none is checked by default; pass ``sha256=`` to pin the file you trust.
 
@@ -95,13 +96,14 @@ def fetch_wikitext103(
 
 
 def find_wikitext103_dir(path: PathLike) -> Path:
-    """The folder holding ``wiki.train.raw``, ``wiki.valid.raw`` and ``wiki.test.raw`` at or below ``path``.
+    """The folder at or below ``path`` that holds the three ``wiki.*.raw`` files.
 
     Raises:
         FileNotFoundError naming ``path`` if there is none.
     """
     path = Path(path)
-    candidates = [path, path / "wikitext-103-raw"] + sorted(p.parent for p in path.rglob("wiki.train.raw"))
+    found = sorted(p.parent for p in path.rglob("wiki.train.raw")) if path.is_dir() else []
+    candidates = [path, path / "wikitext-103-raw"] + found
     for folder in candidates:
         if all((folder / name).is_file() for name in WIKITEXT103_SPLITS.values()):
             return folder
@@ -124,7 +126,7 @@ def load_wikitext103_chars(
     download: bool = True,
     max_chars: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, CharVocab]:
-    """Character ids of WikiText-103 (raw): ``(train, valid, test, vocab)`` like ``load_char_corpus``.
+    """Character ids of WikiText-103 (raw): ``(train, valid, test, vocab)`` as in char_corpus.
 
     The text is normalised with :func:`data_scripts.char_corpus.normalise_text` (ASCII
     folding; the many non-Latin characters of the corpus become U+FFFD) and the
@@ -144,7 +146,9 @@ def load_wikitext103_chars(
     """
     if not isinstance(download, bool):
         raise TypeError(f"download must be True or False, got {download!r}")
-    if max_chars is not None and (isinstance(max_chars, bool) or not hasattr(max_chars, "__index__")):
+    if max_chars is not None and (
+        isinstance(max_chars, bool) or not hasattr(max_chars, "__index__")
+    ):
         raise TypeError(f"max_chars must be an integer or None, got {max_chars!r}")
     if max_chars is not None and int(max_chars) < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
@@ -160,6 +164,10 @@ def load_wikitext103_chars(
                 f"{url} by hand and put it at {folder / WIKITEXT103_ARCHIVE}."
             )
     data_dir = find_wikitext103_dir(extracted)
-    texts = {split: normalise_text(_read(data_dir / name, max_chars)) for split, name in WIKITEXT103_SPLITS.items()}
+    texts = {
+        split: normalise_text(_read(data_dir / name, max_chars))
+        for split, name in WIKITEXT103_SPLITS.items()
+    }
     vocab = build_vocab(texts["train"])
-    return vocab.encode(texts["train"]), vocab.encode(texts["valid"]), vocab.encode(texts["test"]), vocab
+    train, valid, test = (vocab.encode(texts[split]) for split in ("train", "valid", "test"))
+    return train, valid, test, vocab

@@ -1,4 +1,4 @@
-"""Tests for the long-sequence data of chapter 4: ListOps, bracket balance, the char corpus, fetchers.
+"""Tests for the long-sequence data of chapter 4: ListOps, bracket tasks, char corpus, fetchers.
 
 Fetchers are tested offline on the tiny archives in ``tests/fixtures`` (made by
 ``tests/fixtures/make_fixtures.py``) through ``file://`` URLs; the unreachable-server case
@@ -7,9 +7,7 @@ uses a closed port on the loopback interface, never an outside address.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import statistics
 from pathlib import Path
 
@@ -113,7 +111,9 @@ def test_evaluator_rejects_malformed_expressions(expression, message):
 def test_lra_source_format_round_trip():
     # Format of LRA's lra_benchmarks/data/listops.py: one "( ... )" per application.
     assert to_lra_source("[MAX 2 9 ]") == "( ( ( [MAX 2 ) 9 ) ] )"
-    assert to_lra_source("[MAX 2 [MIN 4 7 ] 0 ]") == "( ( ( ( [MAX 2 ) ( ( ( [MIN 4 ) 7 ) ] ) ) 0 ) ] )"
+    assert to_lra_source("[MAX 2 [MIN 4 7 ] 0 ]") == (
+        "( ( ( ( [MAX 2 ) ( ( ( [MIN 4 ) 7 ) ] ) ) 0 ) ] )"
+    )
     expr = "[SM [MAX 1 [MED 2 3 4 ] ] [MIN 9 [SM 5 5 ] 7 ] 6 ]"
     src = to_lra_source(expr)
     assert src.count("(") == src.count(")")
@@ -128,7 +128,8 @@ def test_generator_is_deterministic_and_labels_are_values():
     kwargs = dict(min_length=40, max_length=120, max_depth=6, max_args=5, seed=3)
     tokens, lengths, labels, strings = generate_listops(200, return_strings=True, **kwargs)
     tokens2, lengths2, labels2 = generate_listops(200, **kwargs)
-    assert torch.equal(tokens, tokens2) and torch.equal(lengths, lengths2) and torch.equal(labels, labels2)
+    assert torch.equal(tokens, tokens2) and torch.equal(lengths, lengths2)
+    assert torch.equal(labels, labels2)
     other, _, _ = generate_listops(200, **{**kwargs, "seed": 4})
     assert not torch.equal(tokens, other)
 
@@ -173,7 +174,8 @@ def test_generator_bad_arguments_name_the_argument():
         with pytest.raises(exc, match=name):
             generate_listops(args.pop("n_samples"), **args)
     with pytest.raises(RuntimeError, match="widen the length window"):
-        generate_listops(5, min_length=1000, max_length=1100, max_depth=3, max_args=3, seed=0, max_attempts=200)
+        generate_listops(5, min_length=1000, max_length=1100, max_depth=3, max_args=3, seed=0,
+                         max_attempts=200)
 
 
 def test_read_lra_tsv_fixture():
@@ -221,8 +223,10 @@ def _height_before_marker(tokens: torch.Tensor) -> int:
 
 @pytest.mark.parametrize("filler_fraction", [0.0, 0.3])
 def test_bracket_query_labels_match_an_independent_count(filler_fraction):
-    tokens, labels = generate_bracket_query(150, length=256, seed=7, filler_fraction=filler_fraction)
-    assert tokens.shape == (150, 256) and tokens.dtype == torch.int64 and labels.dtype == torch.int64
+    tokens, labels = generate_bracket_query(150, length=256, seed=7,
+                                            filler_fraction=filler_fraction)
+    assert tokens.shape == (150, 256)
+    assert tokens.dtype == torch.int64 and labels.dtype == torch.int64
     assert int(labels.sum()) == 75  # exactly balanced classes
     assert torch.equal((tokens == QUERY_ID).sum(1), torch.ones(150, dtype=torch.int64))
     heights = [_height_before_marker(row) for row in tokens]
@@ -243,7 +247,8 @@ def test_bracket_query_is_long_range():
     # A count over only the last 32 tokens before the marker is a poor predictor...
     window = [int((row[m - 32 : m] == OPEN_ID).sum() - (row[m - 32 : m] == CLOSE_ID).sum())
               for row, m in zip(tokens, marker.tolist())]
-    local_acc = sum((w > 0) == bool(y) for w, y in zip(window, labels.tolist()) if w != 0) / sum(w != 0 for w in window)
+    decided = [(w > 0) == bool(y) for w, y in zip(window, labels.tolist()) if w != 0]
+    local_acc = sum(decided) / len(decided)
     assert 0.5 < local_acc < 0.7
     # ...while the marker position alone carries no information about the label.
     assert abs(marker[labels == 1].float().mean() - marker[labels == 0].float().mean()) < 20
@@ -280,8 +285,10 @@ def _balanced_by_reduction(tokens: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("filler_fraction", [0.0, 0.4])
 def test_bracket_balance_labels_match_an_independent_check(filler_fraction):
-    tokens, labels = generate_bracket_balance(120, length=256, seed=5, filler_fraction=filler_fraction)
-    assert tokens.shape == (120, 256) and tokens.dtype == torch.int64 and labels.dtype == torch.int64
+    tokens, labels = generate_bracket_balance(120, length=256, seed=5,
+                                              filler_fraction=filler_fraction)
+    assert tokens.shape == (120, 256)
+    assert tokens.dtype == torch.int64 and labels.dtype == torch.int64
     assert int(labels.sum()) == 60  # exactly balanced classes
     for row, label in zip(tokens, labels.tolist()):
         assert _balanced_by_reduction(row) == bool(label)
@@ -459,14 +466,16 @@ def test_extract_is_safe(tmp_path):
 
 def test_lra_fetch_extract_load_from_fixture(tmp_path):
     url = LRA_FIXTURE.as_uri()
-    train, valid, test = load_lra_listops(root=tmp_path, url=url, sha256=sha256sum(LRA_FIXTURE), max_length=64)
+    train, valid, test = load_lra_listops(root=tmp_path, url=url, sha256=sha256sum(LRA_FIXTURE),
+                                          max_length=64)
     assert (tmp_path / "lra" / "lra_release.gz").is_file()
     assert [s[0].shape for s in (train, valid, test)] == [(6, 64), (3, 64), (3, 64)]
     for tokens, lengths, labels in (train, valid, test):
         for row, n, label in zip(tokens, lengths.tolist(), labels.tolist()):
             assert evaluate_listops(decode_listops(row[:n])) == label
     # Second call: from the cache, without touching the (now unreachable) URL.
-    again = load_lra_listops(root=tmp_path, url=CLOSED_PORT_URL, download=False, max_length=64, limit=2)
+    again = load_lra_listops(root=tmp_path, url=CLOSED_PORT_URL, download=False, max_length=64,
+                             limit=2)
     assert torch.equal(again[0][0], train[0][:2])
     assert find_lra_folder("listops-1000", tmp_path / "lra" / "extracted").name == "listops-1000"
 
@@ -484,7 +493,8 @@ def test_lra_offline_message(tmp_path):
 def test_wikitext_fetch_extract_load_from_fixture(tmp_path, monkeypatch):
     monkeypatch.setenv(fetch.DATA_ENV_VAR, str(tmp_path))  # root from the environment
     train, valid, test, vocab = load_wikitext103_chars(url=WIKI_FIXTURE.as_uri())
-    assert (tmp_path / "wikitext-103" / "extracted" / "wikitext-103-raw" / "wiki.valid.raw").is_file()
+    extracted = tmp_path / "wikitext-103" / "extracted"
+    assert (extracted / "wikitext-103-raw" / "wiki.valid.raw").is_file()
     text = vocab.decode(train)
     assert text.startswith(" = Fixture Article = \n")
     assert "cafe , naive , an em dash -- and the city of " + UNKNOWN_CHAR * 2 in text
