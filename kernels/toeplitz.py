@@ -653,20 +653,39 @@ def _dense_weights(grid: _InterpolationGrid, n: int, r: int) -> Tensor:
     return weights
 
 
-def _ski_sparse(a_coeffs: Tensor, x: Tensor, grid: _InterpolationGrid, r: int) -> Tensor:
-    """:math:`W (A (W^\\top x))` with gathers/scatters and an FFT for ``A``."""
+def _interpolate(z: Tensor, n: int) -> Tensor:
+    """:math:`W z`: ``(B, r, c)`` -> ``(B, n, c)``, linear interpolation, aligned ends.
+
+    Interpolating from :math:`r` points evenly spaced on :math:`[0, n-1]` is exactly
+    torch's linear upsampling with ``align_corners=True``; bilinear on the channels-last
+    view ``(B, c, 1, r)`` (one row) reads and writes the ``(B, ., c)`` layout directly.
+    """
+    z4 = z.contiguous().permute(0, 2, 1).unsqueeze(2)
+    y = F.interpolate(z4, size=(1, n), mode="bilinear", align_corners=True)
+    return y.squeeze(2).permute(0, 2, 1)
+
+
+def _interpolate_adjoint(x3: Tensor, r: int) -> Tensor:
+    """:math:`W^\\top x`: ``(B, n, c)`` -> ``(B, r, c)``, the adjoint of :func:`_interpolate`.
+
+    The adjoint of upsampling is its backward kernel (every token adds its two weighted
+    values to its two inducing points); autograd differentiates it by upsampling.
+    """
+    batch, n, c = x3.shape
+    z = torch.ops.aten.upsample_bilinear2d_backward(
+        x3.contiguous().permute(0, 2, 1).unsqueeze(2), [1, n], [batch, c, 1, r], True
+    )
+    return z.squeeze(2).permute(0, 2, 1)
+
+
+def _ski_sparse(a_coeffs: Tensor, x: Tensor, r: int) -> Tensor:
+    """:math:`W (A (W^\\top x))` with the two-tap interpolation kernels and an FFT for ``A``."""
     lead = x.shape[:-2]
     n, c = x.shape[-2:]
-    x3 = x.reshape((-1, n, c))
-    # W^T x: each token adds its two weighted values to its two inducing points.
-    z = x3.new_zeros((x3.shape[0], r, c))
-    z = z.index_add(1, grid.left, x3 * grid.w_left[:, None])
-    z = z.index_add(1, grid.right, x3 * grid.w_right[:, None])
+    z = _interpolate_adjoint(x.reshape((-1, n, c)), r)
     length = fft_length(r)
     z = _apply_spectrum(_kernel_spectrum(a_coeffs, r, length, False), z, length)
-    y = z.index_select(1, grid.left) * grid.w_left[:, None]
-    y = y + z.index_select(1, grid.right) * grid.w_right[:, None]
-    return y.reshape(lead + (n, c))
+    return _interpolate(z, n).reshape(lead + (n, c))
 
 
 def _ski_dense(a_coeffs: Tensor, x: Tensor, weights: Tensor) -> Tensor:
@@ -690,8 +709,11 @@ def ski_matvec(a_coeffs: Tensor, x: Tensor, *, method: str = "sparse") -> Tensor
     Methods:
 
     * ``"sparse"``: :math:`W^\\top x` as a scatter-add of the two weighted taps of every
-      token, :math:`A` by :func:`toeplitz_matvec`'s FFT, :math:`W(\\cdot)` as a gather:
-      :math:`O(B\\,c\\,(n + r\\log r))`.
+      token, :math:`A` by :func:`toeplitz_matvec`'s FFT, :math:`W(\\cdot)` as a two-tap
+      gather: :math:`O(B\\,c\\,(n + r\\log r))`. Since :math:`W` is exactly linear
+      upsampling from :math:`r` to :math:`n` points with aligned ends, the gather is
+      ``torch.nn.functional.interpolate(..., align_corners=True)`` and the scatter its
+      backward kernel, run on the channels-last view (no transposes).
     * ``"dense"``: dense :math:`W` matmuls and a dense :math:`A`, the batched-dense code
       the paper actually runs on GPUs: :math:`O(B\\,c\\,(n r + r^2))`.
 
@@ -719,9 +741,9 @@ def ski_matvec(a_coeffs: Tensor, x: Tensor, *, method: str = "sparse") -> Tensor
         )
     r = (a_coeffs.shape[-1] + 1) // 2
     n, r = _check_n_r(x.shape[-2], r)
-    grid = _interpolation_grid(n, r, x.dtype, x.device)
     if method == "sparse":
-        return _ski_sparse(a_coeffs, x, grid, r)
+        return _ski_sparse(a_coeffs, x, r)
+    grid = _interpolation_grid(n, r, x.dtype, x.device)
     return _ski_dense(a_coeffs, x, _dense_weights(grid, n, r))
 
 
@@ -780,36 +802,104 @@ class PiecewiseLinearRPE(nn.Module):
         return f"channels={self.channels}, knots={self.knots}"
 
 
+def _depthwise_conv(x3: Tensor, weight: Tensor, left: int) -> Tensor:
+    """:math:`y_i = \\sum_k w_k x_{i + k - \\text{left}}` per channel (zero outside),
+    ``x3`` ``(B, n, c)``, ``weight`` ``(c, m)``.
+
+    A grouped ``conv2d`` on the channels-last view ``(B, c, 1, n)`` of ``x3``: no
+    transpose, the padding stays inside oneDNN, and the output is ``(B, n, c)``.
+    """
+    m = weight.shape[-1]
+    pad = max(left, m - 1 - left)
+    y = F.conv2d(
+        x3.permute(0, 2, 1).unsqueeze(2), weight[:, None, None, :], padding=(0, pad),
+        groups=weight.shape[0],
+    )
+    start = pad - left
+    return y.squeeze(2).permute(0, 2, 1)[:, start : start + x3.shape[1]]
+
+
+def _blocked_channels_first(t: Tensor, block: int, n_blocks: int, left: int) -> Tensor:
+    """``(B, n, c)`` -> ``(c, B (n_blocks + 2), block)``: each batch row is ``left`` zeros,
+    the sequence, then zeros up to ``(n_blocks + 2) block`` entries."""
+    batch, n, c = t.shape
+    width = (n_blocks + 2) * block
+    out = t.new_empty(c, batch, width)
+    out[:, :, :left].zero_()
+    out[:, :, left + n :].zero_()
+    out[:, :, left : left + n] = t.permute(2, 0, 1)
+    return out.view(c, batch * (n_blocks + 2), block)
+
+
+class _BandProduct(torch.autograd.Function):
+    """Banded Toeplitz product of ``(B, n, c)`` sequences with ``(c, m)`` coefficients.
+
+    Forward and input gradient are depthwise convolutions (:func:`_depthwise_conv`). The
+    coefficient gradient :math:`g_{t_\\ell} = \\sum_{b,i} g_{b,i}\\,x_{b,i-\\ell}` is a
+    blocked contraction: with blocks of :math:`s \\ge m/2` outputs, the products of
+    output block :math:`j` with input blocks :math:`j, j+1, j+2` (of the input shifted
+    by the largest lag) are three batched matmuls over shifted views, after which each
+    lag is a diagonal sum. torch's own convolution weight gradient is several times
+    slower on CPUs.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x3: Tensor, coeffs: Tensor) -> Tensor:  # type: ignore[override]
+        m = coeffs.shape[-1]
+        # x_{i-l} for the lags l = -lo..hi in coeffs' order is x_{i + k - hi} with the
+        # reversed coefficients.
+        return _depthwise_conv(x3, coeffs.flip(-1), m // 2)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Optional[Tensor], Optional[Tensor]]:
+        x3, coeffs = ctx.saved_tensors
+        m = coeffs.shape[-1]
+        hi, lo = m // 2, (m - 1) // 2
+        grad_x = grad_coeffs = None
+        if ctx.needs_input_grad[0]:
+            # the transpose: sum_l t_l g_{j+l} = sum_k t_k g_{j + k - lo}
+            grad_x = _depthwise_conv(grad_y, coeffs, lo)
+        if ctx.needs_input_grad[1]:
+            n = x3.shape[1]
+            block = max(hi, 8)
+            n_blocks = -(-n // block)
+            g_blocks = _blocked_channels_first(grad_y, block, n_blocks, 0)
+            x_blocks = _blocked_channels_first(x3, block, n_blocks, hi)
+            rows = g_blocks.shape[1]
+            # prod[c, t, d s + u] = sum_{b,j} g[b, j s + t] x[b, (j + d) s + u - hi]; the
+            # two zero blocks closing every batch row keep rows of different batch
+            # entries apart.
+            prod = torch.cat(
+                [
+                    torch.bmm(g_blocks[:, : rows - d].transpose(1, 2), x_blocks[:, d:])
+                    for d in range(3)
+                ],
+                dim=2,
+            )
+            t = torch.arange(block, device=x3.device)[:, None]
+            k = torch.arange(m, device=x3.device)[None, :]
+            # lag l = k - lo pairs output t with window entry t + hi - l = t + m - 1 - k
+            grad_coeffs = prod[:, t, t + m - 1 - k].sum(1)
+        return grad_x, grad_coeffs
+
+
 def _band_matvec(coeffs: Tensor, x: Tensor) -> Tensor:
     """Banded Toeplitz product :math:`y_i = \\sum_\\ell t_\\ell x_{i-\\ell}` per channel.
 
     ``coeffs`` ``(c, m)`` holds the lags :math:`-\\lfloor (m-1)/2 \\rfloor ..
-    \\lfloor m/2 \\rfloor` in increasing order; ``x`` is ``(..., n, c)``. This is a
-    depthwise 1D convolution with filter size :math:`m`, written as a batched matmul:
-    the sequence is cut into blocks of :math:`s` outputs, each block reads a window of
-    :math:`s + m - 1` inputs, and the ``(s + m - 1) x s`` band block of every channel
-    multiplies all windows at once. :math:`O(B\\,c\\,n\\,(s + m))`, like the
-    convolution, but the backward pass is two more matmuls -- on CPUs
-    ``torch.nn.functional.conv1d(groups=c)`` spends far longer on its weight gradient.
+    \\lfloor m/2 \\rfloor` in increasing order; ``x`` is ``(..., n, c)``. A depthwise 1D
+    convolution of filter size :math:`m`, :math:`O(B\\,c\\,n\\,m)`, with a faster
+    backward than ``torch.nn.functional.conv1d`` (see :class:`_BandProduct`).
     """
-    m = coeffs.shape[-1]
     lead, (n, c) = x.shape[:-2], x.shape[-2:]
-    hi, lo = m // 2, (m - 1) // 2  # largest positive and negative lag
-    block = max(8, hi)
-    window = block + m - 1
-    n_blocks = -(-n // block)
-    # Output t of a block reads window entry w = input (t - lag) + hi, i.e. the lag
-    # t - w + hi, stored at coeffs[..., lag + lo].
-    t = torch.arange(block, device=x.device)
-    w = torch.arange(window, device=x.device)
-    index = t[None, :] - w[:, None] + hi + lo  # (window, block)
-    valid = (index >= 0) & (index < m)
-    band = coeffs[:, index.clamp(0, m - 1)] * valid.to(coeffs.dtype)  # (c, window, block)
-    x3 = x.reshape((-1, n, c))
-    padded = F.pad(x3, (0, 0, hi, n_blocks * block - n + lo))
-    windows = padded.unfold(1, window, block)  # (B, n_blocks, c, window), a view
-    y = torch.einsum("bjcw,cwt->bjtc", windows, band)
-    y = y.reshape((x3.shape[0], n_blocks * block, c))[:, :n]
+    y = _BandProduct.apply(x.reshape((-1, n, c)).contiguous(), coeffs)
     return y.reshape(lead + (n, c))
 
 
@@ -824,8 +914,7 @@ class SKITNO(nn.Module):
 
     * :math:`T_{\\text{sparse}}`: a learned band of ``filter_size`` :math:`m` lags
       :math:`-\\lfloor (m-1)/2 \\rfloor .. \\lfloor m/2 \\rfloor`, a depthwise 1D
-      convolution of filter size :math:`m` (the spiky part of learned TNN kernels),
-      computed as blocked batched matmuls (see ``_band_matvec``);
+      convolution of filter size :math:`m` (the spiky part of learned TNN kernels);
     * :math:`W A W^\\top`: ``rank`` :math:`r` inducing points :math:`p_k` evenly spaced
       on :math:`[0, n-1]` (:func:`inducing_points`), linear interpolation weights
       :math:`W` (:func:`linear_interpolation_weights`), and the small Toeplitz
@@ -944,10 +1033,10 @@ class SKITNO(nn.Module):
         x = _check_sequence(x, self.channels, self.dtype)
         n = self._check_n(x.shape[-2])
         a_coeffs = self.low_rank_coeffs(n)
-        grid = _interpolation_grid(n, self.rank, x.dtype, x.device)
         if self.low_rank == "sparse":
-            low = _ski_sparse(a_coeffs, x, grid, self.rank)
+            low = _ski_sparse(a_coeffs, x, self.rank)
         else:
+            grid = _interpolation_grid(n, self.rank, x.dtype, x.device)
             low = _ski_dense(a_coeffs, x, _dense_weights(grid, n, self.rank))
         return self._band(x) + low
 
