@@ -87,8 +87,8 @@ _ENCODE = {tok: i for tok, i in _TOKEN_TO_ID.items() if i != PAD_ID}  # "<pad>" 
 _DIGIT_IDS = tuple(_TOKEN_TO_ID[str(d)] for d in range(10))
 _OP_IDS = tuple(_TOKEN_TO_ID[op] for op in LISTOPS_OPERATORS)
 _END_ID = _TOKEN_TO_ID[END]
-# Probability that a node above the depth limit is a digit (LRA's VALUE_P = 0.25 is the
-# probability of an operator).
+# Probability that a node above the depth limit is an operator (LRA's VALUE_P, despite
+# its name: LRA draws a digit when random() > VALUE_P).
 _OPERATOR_P = 0.25
 
 Expression = Union[str, Sequence[str]]
@@ -300,7 +300,8 @@ def generate_listops(
     seed: int,
     return_strings: bool = False,
     max_attempts: Optional[int] = None,
-):
+) -> Union[Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+           Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[str]]]:
     """Draw distinct random ListOps expressions whose length lies in a window.
 
     Sampling follows LRA's generator (see the module docstring); ``seed`` drives a

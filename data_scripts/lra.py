@@ -130,8 +130,8 @@ def load_lra_listops(
 
     Args:
         root, url, sha256, timeout: as in :func:`fetch_lra`.
-        download: if False, never touch the network: use the cached files or raise
-            DatasetUnavailableError.
+        download: if False, never touch the network: use the unpacked cache or an archive
+            placed by hand at ``root/lra/lra_release.gz``, or raise DatasetUnavailableError.
         max_length: pad every split to this many tokens (LRA: 2000); a longer
             expression raises ValueError.
         limit: read at most this many expressions per split (>= 1), from the top.
@@ -147,16 +147,17 @@ def load_lra_listops(
     if not isinstance(download, bool):
         raise TypeError(f"download must be True or False, got {download!r}")
     folder = cache_dir(root) / _SUBDIR
-    if download:
+    extracted = folder / "extracted"
+    # With download=False a hand-placed archive is still unpacked (no network needed).
+    if download or extracted.is_dir() or (folder / LRA_ARCHIVE).is_file():
         extracted = fetch_lra(root=root, url=url, sha256=sha256, timeout=timeout)
     else:
-        extracted = folder / "extracted"
-        if not extracted.is_dir():
-            raise DatasetUnavailableError(
-                f"{_DATASET} is not in the cache ({extracted} does not exist) and download=False. "
-                f"Call with download=True on a machine with internet access, or download "
-                f"{url} by hand and put it at {folder / LRA_ARCHIVE}."
-            )
+        raise DatasetUnavailableError(
+            f"{_DATASET} is not in the cache (neither {extracted} nor "
+            f"{folder / LRA_ARCHIVE} exists) and download=False. Call with download=True "
+            f"on a machine with internet access, or download {url} by hand and put it at "
+            f"{folder / LRA_ARCHIVE}."
+        )
     listops_dir = find_lra_folder("listops-1000", extracted)
     train, valid, test = (
         read_listops_tsv(listops_dir / LISTOPS_FILES[split], max_length=max_length, limit=limit)

@@ -135,7 +135,8 @@ def load_wikitext103_chars(
 
     Args:
         root, url, sha256, timeout: as in :func:`fetch_wikitext103`.
-        download: if False, never touch the network: use the cached files or raise
+        download: if False, never touch the network: use the unpacked cache or a zip
+            placed by hand at ``root/wikitext-103/wikitext-103-raw-v1.zip``, or raise
             DatasetUnavailableError.
         max_chars: read only the first ``max_chars`` characters of each split (>= 1);
             the full training split is ~540 M characters, and encoding it takes a few GB
@@ -153,16 +154,17 @@ def load_wikitext103_chars(
     if max_chars is not None and int(max_chars) < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
     folder = cache_dir(root) / _SUBDIR
-    if download:
+    extracted = folder / "extracted"
+    # With download=False a hand-placed archive is still unpacked (no network needed).
+    if download or extracted.is_dir() or (folder / WIKITEXT103_ARCHIVE).is_file():
         extracted = fetch_wikitext103(root=root, url=url, sha256=sha256, timeout=timeout)
     else:
-        extracted = folder / "extracted"
-        if not extracted.is_dir():
-            raise DatasetUnavailableError(
-                f"{_DATASET} is not in the cache ({extracted} does not exist) and download=False. "
-                f"Call with download=True on a machine with internet access, or download "
-                f"{url} by hand and put it at {folder / WIKITEXT103_ARCHIVE}."
-            )
+        raise DatasetUnavailableError(
+            f"{_DATASET} is not in the cache (neither {extracted} nor "
+            f"{folder / WIKITEXT103_ARCHIVE} exists) and download=False. Call with download=True "
+            f"on a machine with internet access, or download {url} by hand and put it at "
+            f"{folder / WIKITEXT103_ARCHIVE}."
+        )
     data_dir = find_wikitext103_dir(extracted)
     texts = {
         split: normalise_text(_read(data_dir / name, max_chars))

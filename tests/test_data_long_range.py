@@ -8,6 +8,7 @@ uses a closed port on the loopback interface, never an outside address.
 from __future__ import annotations
 
 import re
+import shutil
 import statistics
 from pathlib import Path
 
@@ -478,6 +479,18 @@ def test_lra_fetch_extract_load_from_fixture(tmp_path):
                              limit=2)
     assert torch.equal(again[0][0], train[0][:2])
     assert find_lra_folder("listops-1000", tmp_path / "lra" / "extracted").name == "listops-1000"
+
+
+def test_lra_archive_placed_by_hand_is_used_offline(tmp_path):
+    (tmp_path / "lra").mkdir()
+    shutil.copy(LRA_FIXTURE, tmp_path / "lra" / "lra_release.gz")
+    train, _, _ = load_lra_listops(root=tmp_path, url=CLOSED_PORT_URL, download=False,
+                                   max_length=64)
+    assert train[0].shape == (6, 64)
+    # With download=True too: the file is there, so the unreachable URL is never contacted.
+    shutil.rmtree(tmp_path / "lra" / "extracted")
+    train, _, _ = load_lra_listops(root=tmp_path, url=CLOSED_PORT_URL, max_length=64)
+    assert train[0].shape == (6, 64)
 
 
 def test_lra_offline_message(tmp_path):
