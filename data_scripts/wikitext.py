@@ -3,7 +3,7 @@
 WikiText-103 (Merity, Xiong, Bradbury & Socher 2017, "Pointer Sentinel Mixture
 Models", ICLR) is the corpus of the paper's causal language-model experiment (Table 1).
 Its *raw* variant keeps the original characters (no ``<unk>`` replacement), which is what a
-character model needs. The archive ``wikitext-103-raw-v1.zip`` (a few hundred MB
+character model needs. The archive ``wikitext-103-raw-v1.zip`` (close to 200 MB
 compressed, about 540 M characters of training text) unpacks to::
 
     wikitext-103-raw/wiki.train.raw
