@@ -384,6 +384,12 @@ def test_causal_kernel_from_real_response(n):
         assert np.abs(kernel[:, : n + 1]).max() > 1e-3
 
 
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_causal_kernel_from_real_response_gradcheck(n):
+    real = randn(2, n + 1, seed=n).requires_grad_()
+    assert torch.autograd.gradcheck(causal_kernel_from_real_response, (real,))
+
+
 @pytest.mark.parametrize("n", LENGTHS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("feature", ["omega", "cos"])
