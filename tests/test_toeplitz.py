@@ -176,6 +176,12 @@ def test_toeplitz_matvec_gradcheck(n, causal):
     assert torch.autograd.gradcheck(
         lambda c, v: toeplitz_matvec(c, v, causal=causal), (coeffs, x)
     )
+    # coefficients with more batch dimensions than x (x broadcast in the forward)
+    batched = randn(2, 2, n if causal else 2 * n - 1, seed=n + 2).requires_grad_()
+    single = randn(n, 2, seed=n + 3).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda c, v: toeplitz_matvec(c, v, causal=causal), (batched, single)
+    )
 
 
 # --------------------------------------------------------------------------------------
