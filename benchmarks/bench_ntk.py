@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
           + f"-1, n={size['n']}, float32")
     print(f"(b) fc_kernel: {size['n_kernel']} x {size['d']} inputs, depth {size['depth']}, relu")
 
+    load_start = os.getloadavg()
     timings: dict[str, Any] = {}
     for group in GROUPS:
         env = x64 if group == "kernel64" else None
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 for_memory=True,
             )["peak_mb"]
 
+    load_end = os.getloadavg()
     rows = []
     emp = timings["empirical"]["timings"]
     best_nt = min(("nt1", "nt2"), key=lambda k: emp[k]["median_s"])
@@ -291,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         f"({repeats} repeats; `benchmarks/_harness.py`). Peak MiB: extra resident memory "
         "(peak RSS minus RSS before) of one steady-state call, measured in a fresh "
         "process per implementation, output included.",
+        "",
+        f"1-minute load average of the machine at the start / end of the run: "
+        f"{load_start[0]:.1f} / {load_end[0]:.1f} on {os.cpu_count()} logical cores. On a "
+        "shared, busy machine short torch ops suffer most (OpenMP threads wait for each "
+        "other at every op), so the fast paths' medians are pessimistic there; the "
+        "minima below show the uncontended cost.",
         "",
         "First call (warm-up; jit compilation for neural-tangents) and steady state, seconds:",
         "",

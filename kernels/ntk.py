@@ -881,29 +881,32 @@ def fc_kernel(
         var1 = w_var * diag(var1) + b_var
         var2 = var1 if x2 is None else w_var * diag(var2) + b_var
 
-    cov = (a @ b.T).mul_(w_var / d).add_(b_var)  # Sigma^(1)
-    ntk = cov.clone()  # Theta^(1)
-
+    n1, n2 = a.shape[0], b.shape[0]
+    nngp = torch.empty(n1, n2, dtype=x1.dtype, device=x1.device)
+    ntk = torch.empty(n1, n2, dtype=x1.dtype, device=x1.device)
     # x2 = None on the CPU: only the blocks on and above the diagonal run through the
     # recursion (half the work); the rest is mirrored afterwards.
-    symmetric = x2 is None and cov.device.type == "cpu"
+    symmetric = x2 is None and x1.device.type == "cpu"
 
     def run_block(r0: int, r1: int) -> None:
         c0 = r0 if symmetric else 0
-        cov_block, ntk_block = cov[r0:r1, c0:], ntk[r0:r1, c0:]
+        cov_block = (a[r0:r1] @ b[c0:].T).mul_(w_var / d).add_(b_var)  # Sigma^(1)
+        ntk_block = cov_block.clone()  # Theta^(1)
         for rows, cols in zip(row_factors, col_factors):
             row_block = {k: v[r0:r1] for k, v in rows.items()}
             col_block = {k: v[c0:] for k, v in cols.items()}
             step(cov_block, ntk_block, row_block, col_block, w_var, b_var)
+        nngp[r0:r1, c0:].copy_(cov_block)  # casts to x1's dtype while in cache
+        ntk[r0:r1, c0:].copy_(ntk_block)
 
     def mirror_block(r0: int, r1: int) -> None:
-        cov[r0:r1, :r0].copy_(cov[:r0, r0:r1].T)
+        nngp[r0:r1, :r0].copy_(nngp[:r0, r0:r1].T)
         ntk[r0:r1, :r0].copy_(ntk[:r0, r0:r1].T)
 
-    _map_row_blocks(run_block, cov.shape[0], cov.shape[1], cov.device)
+    _map_row_blocks(run_block, n1, n2, x1.device)
     if symmetric:
-        _map_row_blocks(mirror_block, cov.shape[0], cov.shape[1], cov.device)
-    return NTKResult(nngp=cov.to(x1.dtype), ntk=ntk.to(x1.dtype))
+        _map_row_blocks(mirror_block, n1, n2, x1.device)
+    return NTKResult(nngp=nngp, ntk=ntk)
 
 
 # --------------------------------------------------------------------------------------
