@@ -70,22 +70,29 @@ def machine_info(**versions: str) -> dict[str, Any]:
 
 
 def time_interleaved(
-    fns: dict[str, Callable[[], Any]], repeats: int
+    fns: dict[str, Callable[[], Any]], repeats: int, *, pause_s: float = 0.0
 ) -> dict[str, dict[str, float]]:
     """Time several zero-argument callables, interleaved round by round.
 
     Each callable must block until its result is ready (e.g. call
-    ``block_until_ready`` on JAX outputs). Returns, per name, ``first_s`` (the warm-up
-    call, compilation included), ``median_s`` and ``min_s`` over ``repeats`` rounds.
+    ``block_until_ready`` on JAX outputs). ``pause_s`` seconds of idle time (not
+    measured) precede every timed call, so that the worker threads of the previous
+    implementation (OpenMP, XLA's pool), which spin for a while after their work, are
+    asleep when the next one starts. Returns, per name, ``first_s`` (the warm-up call,
+    compilation included), ``median_s`` and ``min_s`` over ``repeats`` rounds.
     """
     out: dict[str, dict[str, float]] = {}
     for name, fn in fns.items():
+        if pause_s > 0:
+            time.sleep(pause_s)
         t0 = time.perf_counter()
         fn()
         out[name] = {"first_s": time.perf_counter() - t0}
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            if pause_s > 0:
+                time.sleep(pause_s)
             t0 = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - t0)
