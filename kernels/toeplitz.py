@@ -46,7 +46,10 @@ Conventions used throughout:
   has only the lags :math:`0, \\dots, n-1`: length ``n``, ``coeffs[..., k]`` is
   :math:`t_k`;
 * every module draws its initial parameters from an explicit ``generator`` (``None``:
-  torch's default generator) and never touches global state otherwise.
+  torch's default generator) and never touches global state otherwise;
+* the FFT and band products have hand-written backward passes (autograd's backward of
+  ``rfft`` and of depthwise convolutions is several times slower on CPUs): gradients,
+  ``torch.func.jacrev`` and ``vmap`` work, double backward raises an error.
 """
 
 from __future__ import annotations
@@ -292,9 +295,10 @@ def toeplitz_matvec(coeffs: Tensor, x: Tensor, *, causal: bool = False) -> Tenso
 
     (the paper, Section 3.1; Qin et al. 2023, Section 3.3). Each channel :math:`l` of
     ``x`` is multiplied by its own :math:`T^l`, as in the TNO output
-    :math:`(T^1 x^1, \\dots, T^d x^d)`. Pure torch operations: autograd works with
-    respect to both arguments. Derived in chapter 4 (chapters/04_toeplitz.ipynb),
-    section "Toeplitz matrices and the circulant embedding".
+    :math:`(T^1 x^1, \\dots, T^d x^d)`. Differentiable with respect to both arguments
+    (the backward is the adjoint product, again by half-spectrum FFTs; first derivatives
+    only). Derived in chapter 4 (chapters/04_toeplitz.ipynb), section "Toeplitz matrices
+    and the circulant embedding".
 
     Shapes. ``x``: ``(..., n, c)`` (``n`` tokens, ``c`` channels). ``coeffs``:
     ``(..., c, 2n - 1)`` with the lags :math:`-(n-1), \\dots, n-1` in that order
@@ -1004,6 +1008,18 @@ class SKITNO(nn.Module):
         #: ``(channels, m)``: the band's coefficients in increasing lag order.
         self.sparse_coeffs = nn.Parameter(band)
         self.rpe = PiecewiseLinearRPE(self.channels, knots, generator=generator, dtype=dtype)
+        # Dense W per (n, dtype, device) for low_rank="dense": a constant of the layer,
+        # rebuilt only for a new length; not state (never saved).
+        self._weights_cache: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
+
+    def _dense_interpolation(self, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        key = (n, dtype, device)
+        if key not in self._weights_cache:
+            if len(self._weights_cache) >= 8:
+                self._weights_cache.clear()
+            grid = _interpolation_grid(n, self.rank, dtype, device)
+            self._weights_cache[key] = _dense_weights(grid, n, self.rank)
+        return self._weights_cache[key]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -1070,8 +1086,7 @@ class SKITNO(nn.Module):
         if self.low_rank == "sparse":
             low = _ski_sparse(a_coeffs, x, self.rank)
         else:
-            grid = _interpolation_grid(n, self.rank, x.dtype, x.device)
-            low = _ski_dense(a_coeffs, x, _dense_weights(grid, n, self.rank))
+            low = _ski_dense(a_coeffs, x, self._dense_interpolation(n, x.dtype, x.device))
         return self._band(x) + low
 
     def extra_repr(self) -> str:
