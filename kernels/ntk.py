@@ -473,13 +473,17 @@ def _gram_layers(model: nn.Module) -> Union[list[nn.Module], str]:
         if type(layer) in _ELEMENTWISE:
             continue
         return f"layer {layer!r} is not supported"
-    # Only the parameters the gram path knows may be trainable.
-    known = set()
+    # Only the parameters the gram path knows may be trainable, and each one may be used
+    # by a single layer: a shared (tied) parameter would need cross-layer terms.
+    known: set[int] = set()
     for layer in layers:
         if isinstance(layer, (nn.Linear, NTKLinear)):
-            known.add(id(layer.weight))
-            if layer.bias is not None:
-                known.add(id(layer.bias))
+            for p in (layer.weight, layer.bias):
+                if p is None:
+                    continue
+                if id(p) in known:
+                    return f"layer {layer!r} shares a parameter with another layer"
+                known.add(id(p))
     for name, p in model.named_parameters():
         if p.requires_grad and id(p) not in known:
             return f"parameter {name!r} does not belong to an affine layer"
@@ -604,11 +608,44 @@ def _ntk_gram(
 # ---- "jacobian" and "jvp": generic torch.func paths -----------------------------------
 
 
+def _substitution_names(model: nn.Module, names: list[str]) -> dict[str, str]:
+    """Map every (module, attribute) slot holding one of the parameters ``names`` (as
+    listed by ``named_parameters()``) to that canonical name.
+
+    ``functional_call`` must swap each slot exactly once: a module registered twice
+    (``Sequential(layer, act, layer)``) swapped under both names is not restored
+    (torch 2.13 leaves plain tensors in it), while two modules sharing one Parameter
+    (tied weights) must both be swapped. Hence ``tie_weights=False`` with one entry
+    per distinct slot.
+    """
+    canonical = dict(model.named_parameters())
+    wanted = {id(canonical[n]): n for n in names}
+    out: dict[str, str] = {}
+    seen: set[tuple[int, str]] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) not in wanted:
+            continue
+        owner_path, _, attr = name.rpartition(".")
+        slot = (id(model.get_submodule(owner_path)), attr)
+        if slot in seen:
+            continue
+        seen.add(slot)
+        out[name] = wanted[id(param)]
+    return out
+
+
+def _call_with(model: nn.Module, slots: dict[str, str], params: dict[str, Tensor], x: Tensor):
+    """``model(x)`` with ``params`` (keyed by canonical name) swapped in."""
+    swapped = {slot: params[name] for slot, name in slots.items()}
+    return functional_call(model, swapped, (x,), tie_weights=False)
+
+
 def _functional_model(model: nn.Module, params: dict[str, Tensor]):
     """``f(params, x) -> (n, k)`` with the frozen tensors taken from ``model``."""
+    slots = _substitution_names(model, list(params))
 
     def f(p: dict[str, Tensor], x: Tensor) -> Tensor:
-        out = functional_call(model, p, (x,))
+        out = _call_with(model, slots, p, x)
         return out.reshape(x.shape[0], -1)
 
     return f
@@ -1206,8 +1243,9 @@ class LinearizedModel(nn.Module):
         tangents = {
             n: p - primals[n] for n, p in zip(self.param_names, self.params)
         }
+        slots = _substitution_names(self.base, self.param_names)
         out, dout = jvp(
-            lambda p: functional_call(self.base, p, (x,)), (primals,), (tangents,)
+            lambda p: _call_with(self.base, slots, p, x), (primals,), (tangents,)
         )
         return out + dout
 

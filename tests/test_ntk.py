@@ -389,6 +389,37 @@ def test_auto_falls_back_for_unstructured_models_and_gram_refuses():
         empirical_ntk(nn.Sequential(nn.Linear(3, 4), nn.Softmax(-1)).to(F64), x1, method="gram")
 
 
+def _reused_layer_net() -> nn.Sequential:
+    shared = nn.Linear(3, 3).to(F64)
+    return nn.Sequential(shared, nn.Tanh(), shared, nn.Tanh(), nn.Linear(3, 1).to(F64))
+
+
+def _tied_weight_net() -> nn.Sequential:
+    first, second = nn.Linear(3, 3).to(F64), nn.Linear(3, 3).to(F64)
+    second.weight = first.weight
+    return nn.Sequential(first, nn.Tanh(), second, nn.Tanh(), nn.Linear(3, 1).to(F64))
+
+
+@pytest.mark.parametrize("make", [_reused_layer_net, _tied_weight_net])
+def test_shared_parameters(make):
+    # A parameter used by two layers needs cross-layer terms that the per-layer gram
+    # formula lacks, so "auto" must take the generic path; the generic paths must swap
+    # every use of the parameter and leave the model intact afterwards.
+    torch.manual_seed(2)
+    net = make()
+    x1, x2 = randn(5, 3, seed=8), randn(2, 3, seed=9)
+    ref = naive_ntk(net, x1, x2)[:, :, 0, 0]
+    for method in ("auto", "jacobian", "jvp"):
+        torch.testing.assert_close(empirical_ntk(net, x1, x2, method=method), ref)
+        assert all(type(p) is nn.Parameter for p in (net[0].weight, net[2].weight))
+    torch.testing.assert_close(naive_ntk(net, x1, x2)[:, :, 0, 0], ref)
+    with pytest.raises(ValueError, match="shares a parameter"):
+        empirical_ntk(net, x1, method="gram")
+    lin = linearize(net)
+    torch.testing.assert_close(lin(x1), net(x1))
+    torch.testing.assert_close(empirical_ntk(lin, x1, x2), ref)
+
+
 @pytest.mark.parametrize("parameterization", ["ntk", "standard"])
 @pytest.mark.parametrize("activation", ["relu", "erf"])
 def test_empirical_ntk_matches_neural_tangents(nt_ref, parameterization, activation):
