@@ -882,15 +882,23 @@ def fc_kernel(
     ``(n1, n2)``. Computed in float64 and returned in ``x1``'s dtype; cost
     :math:`O(n_1 n_2 (d + \\text{depth}))` time, :math:`O(n_1 n_2)` memory.
 
+    Implementation: the entry :math:`(x, x')` of every layer needs only its own
+    previous value and the diagonal variances :math:`\\Sigma^{(l)}(x, x)`,
+    :math:`\\Sigma^{(l)}(x', x')`, which are computed first. The matrices are then
+    built in row blocks that stay in cache through all layers, shared among torch's
+    threads (for ``x2=None`` only the blocks on and above the diagonal, mirrored
+    afterwards); on a GPU as one block.
+
     Args:
+        x1, x2: float32 or float64 tensors (the dtype of the result is ``x1``'s).
         depth: number of hidden layers (positive int).
         activation: ``"relu"`` or ``"erf"``.
         W_std: weight scale :math:`\\sigma_W > 0`.
         b_std: bias scale :math:`\\sigma_b \\ge 0`.
     """
-    x1 = check_tensor("x1", x1, ndim=2)
+    x1 = _check_float32_or_64("x1", check_tensor("x1", x1, ndim=2))
     if x2 is not None:
-        x2 = check_tensor("x2", x2, ndim=2)
+        x2 = _check_float32_or_64("x2", check_tensor("x2", x2, ndim=2))
         check_same_feature_dim("x1", x1, "x2", x2)
         if x2.device != x1.device:
             raise ValueError(f"x2 is on {x2.device} but x1 is on {x1.device}")
@@ -1276,6 +1284,12 @@ def _check_generator(generator: object) -> None:
         raise TypeError(
             f"generator must be a torch.Generator or None, got {type(generator).__name__}"
         )
+
+
+def _check_float32_or_64(name: str, x: Tensor) -> Tensor:
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
+    return x
 
 
 def _check_float_dtype(name: str, dtype: object) -> torch.dtype:

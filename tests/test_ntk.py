@@ -291,6 +291,7 @@ def test_wide_network_empirical_ntk_approaches_fc_kernel(activation):
         (torch.tensor([[1.0, float("nan")]]), None, {}, ValueError, "x1"),
         (torch.ones(3, 2), torch.ones(2, 3), {}, ValueError, "feature dimension"),
         (torch.ones(3, 2), torch.ones(2, 2, dtype=torch.int32), {}, TypeError, "x2"),
+        (torch.ones(3, 2, dtype=torch.float16), None, {}, TypeError, "float32 or float64"),
         (torch.ones(3, 2), None, {"depth": 0}, ValueError, "depth"),
         (torch.ones(3, 2), None, {"activation": "tanh"}, ValueError, "activation"),
         (torch.ones(3, 2), None, {"W_std": 0.0}, ValueError, "W_std"),
