@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up .venv from the pins first.
-#   make book   [PROFILE=ci|full] [CHAPTERS="01_ntk ..."] [WIDGETS=cdn]  -> _build/html
+#   make book   [PROFILE=ci|full] [CHAPTERS="01_ntk ..."] [ASSETS=cdn]  -> _build/html
 #   make test                                                -> every test
 PROFILE ?= ci
 CHAPTERS ?=
@@ -12,7 +12,7 @@ env:
 	@VENV=$(VENV) bash book/tools/setup_env.sh
 
 book: env
-	$(PY) book/tools/build_book.py --profile $(PROFILE) $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(if $(filter cdn,$(WIDGETS)),--widgets-cdn)
+	$(PY) book/tools/build_book.py --profile $(PROFILE) $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(if $(filter cdn,$(ASSETS)),--cdn)
 
 test: env
 	$(PY) -m pytest

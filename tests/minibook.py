@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import vendor_assets
 import yaml
 
 from nbfactory import write_notebook
@@ -22,9 +23,8 @@ def make_book(dest: Path, cells: list) -> Path:
     shutil.copy2(ROOT / "_config.yml", dest / "_config.yml")
     shutil.copy2(ROOT / "book" / "references.bib", dest / "book" / "references.bib")
     shutil.copytree(ROOT / "book" / "_ext", dest / "book" / "_ext")
-    vendor = ROOT / "book" / "_static" / "vendor"
-    if vendor.exists():
-        shutil.copytree(vendor, dest / "book" / "_static" / "vendor")
+    vendor_assets.vendor()  # MathJax and the widget manager, fetched once from npm
+    shutil.copytree(vendor_assets.VENDOR, dest / "book" / "_static" / "vendor")
     (dest / "book" / "intro.md").write_text("# Mini book\n\nA page.\n")
     toc = {"format": "jb-book", "root": "book/intro",
            "chapters": [{"file": "chapters/page"}]}

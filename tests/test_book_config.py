@@ -1,4 +1,4 @@
-"""How the book is built: re-execution, failures, warnings, widgets, launch buttons.
+"""How the book is built: re-execution, failures, warnings, widgets, math, launch buttons.
 
 These build a two-page book with the project's own ``_config.yml`` (a few seconds
 each), so they check the configuration itself rather than any chapter.
@@ -20,12 +20,13 @@ WIDGET = ("code", "import ipywidgets as w\n"
                   "w.interactive(lambda n=3: print('square', n * n), n=(1, 10))")
 FIGURE = ("code", "import matplotlib.pyplot as plt\n"
                   "fig, ax = plt.subplots()\nax.plot([1, 2, 3])\nax.set_title('static')\nplt.show()")
+MATH = ("md", "Inline $e^{i\\pi} + 1 = 0$ and displayed\n\n$$\\Theta(x, x') = \\nabla f(x)^\\top \\nabla f(x')$$")
 RENDERED_SLIDER = re.compile(r'class="[^"]*\bwidget-slider\b')
 
 
 @pytest.fixture(scope="module")
 def widget_book(tmp_path_factory) -> Path:
-    book = make_book(tmp_path_factory.mktemp("widget_book"), [TOKEN, WIDGET, FIGURE])
+    book = make_book(tmp_path_factory.mktemp("widget_book"), [MATH, TOKEN, WIDGET, FIGURE])
     proc = build(book)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return book
@@ -65,8 +66,10 @@ def test_widget_scripts_are_served_with_the_book(widget_book: Path) -> None:
     assert any(s.startswith("../_static/vendor/require.js") for s in srcs), srcs
     assert any(s.startswith("../_static/vendor/html-manager/embed-amd.js") for s in srcs), srcs
     assert not [s for s in srcs if s.startswith("http")], "a script is loaded from the network"
-    static = widget_book / "_build" / "html" / "_static" / "vendor" / "html-manager"
-    assert (static / "embed-amd.js").stat().st_size > 1_000_000
+    assert any(s.startswith("../_static/vendor/mathjax/tex-mml-chtml.js") for s in srcs), srcs
+    static = widget_book / "_build" / "html" / "_static" / "vendor"
+    assert (static / "html-manager" / "embed-amd.js").stat().st_size > 1_000_000
+    assert list((static / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
 
 
 def test_launch_buttons_are_configured(widget_book: Path) -> None:
@@ -87,3 +90,4 @@ def test_widget_renders_offline_in_chromium(widget_book: Path, tmp_path: Path) -
     assert RENDERED_SLIDER.search(dom), "the embedded widget did not render"
     assert "square 9" in dom, "the widget's output area did not render"
     assert re.search(r'<img[^>]+src="[^"]*\.png"', dom), "the static figure is missing"
+    assert dom.count("<mjx-container") >= 2, "MathJax did not typeset the equations"

@@ -29,10 +29,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_chapters  # noqa: E402
-import vendor_widgets  # noqa: E402
+import vendor_assets  # noqa: E402
 
 ROOT = run_chapters.ROOT
 STAGE_ROOT = ROOT / "_build" / "stage"
+# With --cdn: the scripts myst-nb and Sphinx load by default, from public CDNs.
+CDN_MATHJAX = "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-mml-chtml.js"
 CDN_WIDGETS = {
     "https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.4/require.min.js": {},
     "https://cdn.jsdelivr.net/npm/@jupyter-widgets/html-manager@1.0.15/dist/embed-amd.js": {
@@ -63,7 +65,7 @@ def _summary_table(executed: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def stage(profile: str, chapters: list[str], executed: Path | None, widgets_cdn: bool) -> Path:
+def stage(profile: str, chapters: list[str], executed: Path | None, cdn: bool) -> Path:
     """Write the staged book and return its folder."""
     dest = STAGE_ROOT / profile
     if dest.exists():
@@ -95,8 +97,9 @@ def stage(profile: str, chapters: list[str], executed: Path | None, widgets_cdn:
                                 str(dest / "chapters" / f"{name}.ipynb"),
                                 parameters=specs[name]["parameters"], prepare_only=True,
                                 kernel_name="python3", progress_bar=False)
-    if widgets_cdn:
+    if cdn:
         config["sphinx"]["config"]["nb_ipywidgets_js"] = CDN_WIDGETS
+        config["sphinx"]["config"]["mathjax_path"] = CDN_MATHJAX
     (dest / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     (dest / "_toc.yml").write_text(yaml.safe_dump(_filter_toc(toc, set(chapters)), sort_keys=False))
@@ -104,16 +107,16 @@ def stage(profile: str, chapters: list[str], executed: Path | None, widgets_cdn:
 
 
 def build(profile: str = "ci", chapters: list[str] | None = None, executed: Path | None = None,
-          out: Path = ROOT / "_build" / "html", widgets_cdn: bool = False) -> int:
+          out: Path = ROOT / "_build" / "html", cdn: bool = False) -> int:
     """Stage and build; return jupyter-book's exit status (0 = built without warnings)."""
     chapters = chapters or run_chapters.chapter_names()
-    if not widgets_cdn:
+    if not cdn:
         try:
-            vendor_widgets.vendor()
-        except vendor_widgets.VendorError as exc:
+            vendor_assets.vendor()
+        except vendor_assets.VendorError as exc:
             print(f"build_book: {exc}", file=sys.stderr)
             return 2
-    dest = stage(profile, chapters, executed, widgets_cdn)
+    dest = stage(profile, chapters, executed, cdn)
     # Execution inherits the runner's environment: offline guard for ci, thread counts.
     env = run_chapters.runner_env(threads=os.cpu_count() or 1, block_network=profile == "ci")
     cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(dest),
@@ -137,10 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executed", type=Path, default=None,
                     help="folder of executed notebooks (run_chapters.py output); no execution")
     ap.add_argument("--out", type=Path, default=ROOT / "_build" / "html")
-    ap.add_argument("--widgets-cdn", action="store_true",
-                    help="load the widget scripts from public CDNs instead of vendoring them")
+    ap.add_argument("--cdn", action="store_true",
+                    help="load the widget and MathJax scripts from public CDNs instead of "
+                         "serving them with the book")
     args = ap.parse_args(argv)
-    return build(args.profile, args.chapters, args.executed, args.out, args.widgets_cdn)
+    return build(args.profile, args.chapters, args.executed, args.out, args.cdn)
 
 
 if __name__ == "__main__":

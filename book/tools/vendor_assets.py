@@ -1,14 +1,15 @@
-"""Fetch the ipywidgets HTML embed manager from the npm registry, to serve with the book.
+"""Fetch the book's front-end scripts from the npm registry, to serve with the book.
 
-By default myst-nb loads RequireJS and ``@jupyter-widgets/html-manager`` from public
-CDNs, which offline readers (and this project's build machines) cannot reach, so the
-widgets in the HTML pages would never render. This script downloads pinned versions
-with ``npm pack``, checks them against the registry's published sha512 integrity, and
-copies the files the page needs into ``book/_static/vendor/`` (git-ignored);
-``_config.yml`` points ``nb_ipywidgets_js`` there.
+By default the pages load RequireJS and ``@jupyter-widgets/html-manager`` (myst-nb, for
+widgets) and MathJax (Sphinx, for equations) from public CDNs, which offline readers
+(and this project's build machines) cannot reach: widgets would never render and
+equations would show as raw TeX. This script downloads pinned versions with
+``npm pack``, checks them against the registry's published sha512 integrity, and copies
+the files the pages need into ``book/_static/vendor/`` (git-ignored); ``_config.yml``
+points ``nb_ipywidgets_js`` and ``mathjax_path`` there.
 
-    python book/tools/vendor_widgets.py          # no-op when already present
-    python book/tools/vendor_widgets.py --force
+    python book/tools/vendor_assets.py          # no-op when already present
+    python book/tools/vendor_assets.py --force
 """
 
 from __future__ import annotations
@@ -37,13 +38,18 @@ PACKAGES = {
         "2.3.8",
         "sha512-7/cTSLOdYkNBNJcDMWf+luFvMriVm7eYxp4BcFCsAX0wF421Vyce5SXP17c+Jd5otXKGNehIonFlyQXSowL6Mw==",
     ),
+    # MathJax 3, the major version Sphinx 7 loads by default.
+    "mathjax": (
+        "3.2.2",
+        "sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw==",
+    ),
 }
 FONT_SUFFIXES = (".woff", ".woff2", ".ttf", ".eot", ".svg")
 STAMP = VENDOR / "versions.json"
 
 
 class VendorError(RuntimeError):
-    """The widget scripts could not be fetched (no npm, offline, bad checksum)."""
+    """The scripts could not be fetched (no npm, offline, bad checksum)."""
 
 
 def _wanted() -> dict[str, str]:
@@ -53,8 +59,9 @@ def _wanted() -> dict[str, str]:
 def is_vendored() -> bool:
     """True when the pinned files are already in place."""
     try:
-        return json.loads(STAMP.read_text()) == _wanted() and (
-            VENDOR / "require.js").exists() and (VENDOR / "html-manager" / "embed-amd.js").exists()
+        return json.loads(STAMP.read_text()) == _wanted() and all(
+            (VENDOR / f).exists() for f in ("require.js", "html-manager/embed-amd.js",
+                                            "mathjax/tex-mml-chtml.js"))
     except (OSError, ValueError):
         return False
 
@@ -63,9 +70,9 @@ def _npm_pack(name: str, version: str, integrity: str, dest: Path) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         raise VendorError(
-            "npm was not found: it is needed once to fetch the ipywidgets embed manager "
+            "npm was not found: it is needed once to fetch the widget and math scripts "
             f"({name}@{version}) from the npm registry. Install Node.js/npm, or build with "
-            "--widgets-cdn to load the scripts from a CDN instead.")
+            "--cdn (make book WIDGETS=cdn) to load them from public CDNs instead.")
     proc = subprocess.run([npm, "pack", f"{name}@{version}", "--json", "--pack-destination",
                            str(dest)], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -93,6 +100,12 @@ def vendor(force: bool = False) -> None:
             pkg = tmpdir / name.replace("/", "_") / "package"
             if name == "requirejs":
                 shutil.copy2(pkg / "require.js", staging / "require.js")
+            elif name == "mathjax":
+                # MathJax finds its fonts relative to the script: keep the es5/ layout.
+                fonts = "output/chtml/fonts/woff-v2"
+                shutil.copytree(pkg / "es5" / fonts, staging / "mathjax" / fonts)
+                shutil.copy2(pkg / "es5" / "tex-mml-chtml.js", staging / "mathjax")
+                shutil.copy2(pkg / "LICENSE", staging / "mathjax" / "LICENSE")
             else:
                 dist = pkg / "dist"
                 shutil.copy2(dist / "embed-amd.js", staging / "html-manager" / "embed-amd.js")
@@ -117,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         vendor(force=args.force)
     except VendorError as exc:
-        print(f"vendor_widgets: {exc}", file=sys.stderr)
+        print(f"vendor_assets: {exc}", file=sys.stderr)
         return 1
-    print(f"vendor_widgets: {', '.join(f'{k}@{v}' for k, v in _wanted().items())} in {VENDOR}")
+    print(f"vendor_assets: {', '.join(f'{k}@{v}' for k, v in _wanted().items())} in {VENDOR}")
     return 0
 
 
