@@ -2,8 +2,8 @@
 
 Chapter 4 (``chapters/04_toeplitz.ipynb``, section "Speed") reads the results file.
 
-    python benchmarks/bench_toeplitz.py            # full run, writes results/bench_toeplitz.{json,md}
-    python benchmarks/bench_toeplitz.py --quick    # n in {512, 1024}, few repeats, writes nothing
+    python benchmarks/bench_toeplitz.py          # full run: results/bench_toeplitz.{json,md}
+    python benchmarks/bench_toeplitz.py --quick  # n in {512, 1024}, few repeats, no files
 
 What is measured (all float32, CPU, torch's default thread count; one process, every
 comparison timed interleaved with :func:`_harness.time_interleaved`, median of the
@@ -97,7 +97,9 @@ def bench_matvec(n: int, repeats: int) -> dict[str, Any]:
     ref = torch.matmul(dense, x_dense).permute(2, 1, 0)
     err = float((ours - ref).abs().max() / ref.abs().max())
     if err > 1e-4:
-        raise AssertionError(f"FFT and dense products disagree at n = {n}: relative error {err:.2e}")
+        raise AssertionError(
+            f"FFT and dense products disagree at n = {n}: relative error {err:.2e}"
+        )
     times = time_interleaved(
         {
             "fft": lambda: toeplitz_matvec(coeffs, x),
@@ -132,7 +134,9 @@ def bench_mixers(n: int, repeats: int) -> list[dict[str, Any]]:
         "tno": TNO(d, generator=gen),
         "tno_causal": TNO(d, causal=True, generator=gen),
         "ski": SKITNO(d, rank=SKI_RANK, filter_size=SKI_FILTER, generator=gen),
-        "ski_dense": SKITNO(d, rank=SKI_RANK, filter_size=SKI_FILTER, low_rank="dense", generator=gen),
+        "ski_dense": SKITNO(
+            d, rank=SKI_RANK, filter_size=SKI_FILTER, low_rank="dense", generator=gen
+        ),
         "fd": FDTNO(d, generator=gen),
         "fd_causal": FDTNO(d, causal=True, generator=gen),
     }
@@ -140,11 +144,14 @@ def bench_mixers(n: int, repeats: int) -> list[dict[str, Any]]:
     t = times
     shape = f"x ({b}, {n}, {d}), fwd+bwd"
     ski = f"SKI-TNO r={SKI_RANK} m={SKI_FILTER}"
+    tno = "TNO bidirectional"
     return [
-        _row("ski_bidirectional", n, shape, f"{ski} (sparse W)", t["ski"], "TNO bidirectional", t["tno"]),
-        _row("ski_dense_bidirectional", n, shape, f"{ski} (dense W)", t["ski_dense"], "TNO bidirectional", t["tno"]),
-        _row("fd_bidirectional", n, shape, "FD-TNO bidirectional", t["fd"], "TNO bidirectional", t["tno"]),
-        _row("fd_causal", n, shape, "FD-TNO causal", t["fd_causal"], "TNO causal", t["tno_causal"]),
+        _row("ski_bidirectional", n, shape, f"{ski} (sparse W)", t["ski"], tno, t["tno"]),
+        _row("ski_dense_bidirectional", n, shape, f"{ski} (dense W)", t["ski_dense"], tno, t["tno"]),
+        _row("fd_bidirectional", n, shape, "FD-TNO bidirectional", t["fd"], tno, t["tno"]),
+        _row(
+            "fd_causal", n, shape, "FD-TNO causal", t["fd_causal"], "TNO causal", t["tno_causal"]
+        ),
     ]
 
 
@@ -196,7 +203,9 @@ A100.
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="n in {512, 1024}, 3 repeats, no files")
+    parser.add_argument(
+        "--quick", action="store_true", help="n in {512, 1024}, 3 repeats, no files"
+    )
     args = parser.parse_args(argv)
     ns = NS[:2] if args.quick else NS
     repeats_matvec = 3 if args.quick else 11
@@ -206,7 +215,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     machine = machine_info(load_average_1_5_15min=load)
     print(f"torch {machine['torch']}, threads {machine['torch_threads']}, {machine['cpu']}")
-    print(f"(a) matvec: coeffs ({MATVEC_CHANNELS}, 2n-1), x ({MATVEC_BATCH}, n, {MATVEC_CHANNELS}), float32")
+    c, b = MATVEC_CHANNELS, MATVEC_BATCH
+    print(f"(a) matvec: coeffs ({c}, 2n-1), x ({b}, n, {c}), float32")
     print(f"(b) mixers: x ({MIXER_BATCH}, n, {MIXER_CHANNELS}), float32, forward+backward")
     rows: list[dict[str, Any]] = []
     for n in ns:

@@ -202,7 +202,9 @@ class _SpectralProduct(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: Tensor, spectrum: Tensor, length: int) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        x: Tensor, spectrum: Tensor, length: int
+    ) -> tuple[Tensor, Tensor]:
         n = x.shape[-2]
         x_freq = torch.fft.rfft(x.transpose(-1, -2).contiguous(), n=length)
         y = torch.fft.irfft(x_freq * spectrum.contiguous(), n=length)
@@ -219,7 +221,9 @@ class _SpectralProduct(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_y: Tensor, _: Any) -> tuple[Optional[Tensor], Optional[Tensor], None]:
+    def backward(
+        ctx: Any, grad_y: Tensor, _: Any
+    ) -> tuple[Optional[Tensor], Optional[Tensor], None]:
         x_freq, spectrum = ctx.saved_tensors
         spectrum = spectrum.contiguous()
         n, length = ctx.n, ctx.length
@@ -650,7 +654,9 @@ class _InterpolationGrid(NamedTuple):
     w_right: Tensor  # (n,) weight of ``right``; w_left + w_right = 1
 
 
-def _interpolation_grid(n: int, r: int, dtype: torch.dtype, device: torch.device) -> _InterpolationGrid:
+def _interpolation_grid(
+    n: int, r: int, dtype: torch.dtype, device: torch.device
+) -> _InterpolationGrid:
     if r == 1:
         zeros = torch.zeros(n, dtype=torch.long, device=device)
         ones = torch.ones(n, dtype=dtype, device=device)
@@ -1126,7 +1132,7 @@ def discrete_hilbert(x: Tensor) -> Tensor:
 
 
 def _causal_window(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``[1, 2, ..., 2, 1, 0, ..., 0]`` of length ``2n``: keeps the causal half of an even kernel."""
+    """``[1, 2, ..., 2, 1, 0, ..., 0]`` of length ``2n``: the causal half of an even kernel."""
     window = torch.zeros(2 * n, dtype=dtype, device=device)
     window[0] = 1.0
     window[1:n] = 2.0
@@ -1285,7 +1291,8 @@ class FDTNO(nn.Module):
         return torch.complex(out[:d].contiguous(), imag)
 
     def frequency_response(self, n: int) -> Tensor:
-        """``(channels, n + 1)`` complex: :math:`\\hat k^l(\\omega_m)`, :math:`\\omega_m = m\\pi/n`."""
+        """``(channels, n + 1)`` complex: :math:`\\hat k^l(\\omega_m)`, :math:`\\omega_m =
+        m\\pi/n`."""
         return self._response(check_positive_int("n", n))
 
     def toeplitz_coeffs(self, n: int) -> Tensor:
@@ -1534,7 +1541,9 @@ class TNNEncoder(nn.Module):
         if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise TypeError(f"tokens must be an integer tensor of token ids, got {tokens.dtype}")
         if tokens.ndim < 1 or tokens.shape[-1] < 1:
-            raise ValueError(f"tokens must have shape (..., n) with n >= 1, got {tuple(tokens.shape)}")
+            raise ValueError(
+                f"tokens must have shape (..., n) with n >= 1, got {tuple(tokens.shape)}"
+            )
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
             raise ValueError(
                 f"tokens must lie in [0, vocab_size = {self.vocab_size}), got values in "
