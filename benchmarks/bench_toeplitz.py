@@ -147,7 +147,8 @@ def bench_mixers(n: int, repeats: int) -> list[dict[str, Any]]:
     tno = "TNO bidirectional"
     return [
         _row("ski_bidirectional", n, shape, f"{ski} (sparse W)", t["ski"], tno, t["tno"]),
-        _row("ski_dense_bidirectional", n, shape, f"{ski} (dense W)", t["ski_dense"], tno, t["tno"]),
+        _row("ski_dense_bidirectional", n, shape, f"{ski} (dense W)", t["ski_dense"], tno,
+             t["tno"]),
         _row("fd_bidirectional", n, shape, "FD-TNO bidirectional", t["fd"], tno, t["tno"]),
         _row(
             "fd_causal", n, shape, "FD-TNO causal", t["fd_causal"], "TNO causal", t["tno_causal"]
