@@ -6,8 +6,9 @@ Chapter 4 (``chapters/04_toeplitz.ipynb``, section "Speed") reads the results fi
     python benchmarks/bench_toeplitz.py --quick  # n in {512, 1024}, few repeats, no files
 
 What is measured (all float32, CPU, torch's default thread count; one process, every
-comparison timed interleaved with :func:`_harness.time_interleaved`, median of the
-repeats, warm-up call excluded):
+comparison timed interleaved -- the matvec pair with :func:`_harness.time_interleaved`,
+the six token mixers with a local variant that shuffles their order every round --
+median of the repeats, warm-up call excluded):
 
 (a) ``toeplitz_matvec(coeffs, x)`` against the dense per-channel product ``T @ x`` for
     ``n`` in {512, 1024, 2048, 4096}: ``x`` is ``(batch 8, n, channels 16)`` (128
@@ -21,7 +22,8 @@ repeats, warm-up call excluded):
     for ``n`` in {512, 1024, 2048, 4096}: TNO (RPE MLP width 32, 3 hidden layers with
     layer norm and ReLU, decay 0.99), SKI-TNO (r = 64 inducing points, band m = 32, the
     paper's LRA setting; sparse and dense application of W A W^T), FD-TNO (same RPE MLP
-    as TNO); causal and bidirectional. All six modules are timed interleaved per ``n``.
+    as TNO); causal and bidirectional. All six modules are timed interleaved per ``n``,
+    in a new random order every round.
 
 Goals (issue 3): FFT matvec >= 20x faster than dense at n = 4096; SKI-TNO >= 2x faster
 than TNO (fwd+bwd) at n = 4096; FD-TNO faster than TNO at n = 2048 (the paper reports
@@ -34,7 +36,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -115,6 +120,36 @@ def bench_matvec(n: int, repeats: int) -> dict[str, Any]:
     )
 
 
+def _time_shuffled(
+    fns: dict[str, Callable[[], Any]], repeats: int, seed: int
+) -> dict[str, dict[str, float]]:
+    """Like :func:`_harness.time_interleaved`, with the order shuffled every round.
+
+    On this shared 2-core machine a call's time depends on what ran just before it
+    (allocator and thread-pool state); a fixed order would give some modules a
+    systematic handicap. One warm-up call each (timed as ``first_s``), then ``repeats``
+    rounds in a seeded random order; ``median_s`` and ``min_s`` per name.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        fn()
+        out[name] = {"first_s": time.perf_counter() - t0}
+    rng = random.Random(seed)
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(repeats):
+        rng.shuffle(names)
+        for name in names:
+            t0 = time.perf_counter()
+            fns[name]()
+            samples[name].append(time.perf_counter() - t0)
+    for name, values in samples.items():
+        out[name]["median_s"] = statistics.median(values)
+        out[name]["min_s"] = min(values)
+    return out
+
+
 def _fwd_bwd(module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> Callable[[], Any]:
     params = list(module.parameters())
 
@@ -140,7 +175,7 @@ def bench_mixers(n: int, repeats: int) -> list[dict[str, Any]]:
         "fd": FDTNO(d, generator=gen),
         "fd_causal": FDTNO(d, causal=True, generator=gen),
     }
-    times = time_interleaved({k: _fwd_bwd(m, x, grad) for k, m in mods.items()}, repeats)
+    times = _time_shuffled({k: _fwd_bwd(m, x, grad) for k, m in mods.items()}, repeats, seed=n)
     t = times
     shape = f"x ({b}, {n}, {d}), fwd+bwd"
     ski = f"SKI-TNO r={SKI_RANK} m={SKI_FILTER}"
