@@ -247,7 +247,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     repeats_matvec = 3 if args.quick else 11
     repeats_mixers = 3 if args.quick else 31
     torch.manual_seed(0)  # nothing below uses it; fixes any library-internal randomness
-    # Other jobs share this machine; the load at the start is recorded with the results.
+    # Other jobs share this machine; the load at the start and end is recorded.
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     machine = machine_info(load_average_1_5_15min=load)
     print(f"torch {machine['torch']}, threads {machine['torch_threads']}, {machine['cpu']}")
@@ -272,6 +272,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"GOAL NOT MET: {r['case']} n={r['n']}: {r['goal']} (speedup {r['speedup']:.2f}x)")
     if args.quick:
         return 0
+    if hasattr(os, "getloadavg"):
+        machine["load_average_at_end"] = " / ".join(f"{v:.2f}" for v in os.getloadavg())
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": "toeplitz", "machine": machine, "rows": rows}
     (RESULTS_DIR / "bench_toeplitz.json").write_text(json.dumps(payload, indent=2) + "\n")
