@@ -229,13 +229,15 @@ class _SpectralProduct(torch.autograd.Function):
         n, length = ctx.n, ctx.length
         grad_freq = torch.fft.rfft(grad_y.transpose(-1, -2).contiguous(), n=length)
         grad_x = grad_spectrum = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.fft.irfft(grad_freq * spectrum.conj(), n=length)
-            grad_x = grad_x[..., :n].transpose(-1, -2)
         if ctx.needs_input_grad[1]:
             prod = (grad_freq * x_freq.conj()).sum_to_size(spectrum.shape)
             weights = _half_spectrum_weights(length, ctx.real_dtype, prod.device)
             grad_spectrum = prod * (weights / length)
+        if ctx.needs_input_grad[0]:
+            # grad_freq is ours and no longer needed: multiply in place (one batch-sized
+            # temporary less)
+            grad_x = torch.fft.irfft(grad_freq.mul_(spectrum.conj()), n=length)
+            grad_x = grad_x[..., :n].transpose(-1, -2)
         return grad_x, grad_spectrum, None
 
 
@@ -871,7 +873,11 @@ def _blocked_channels_first(t: Tensor, block: int, n_blocks: int, left: int) -> 
     out = t.new_empty(c, batch, width)
     out[:, :, :left].zero_()
     out[:, :, left + n :].zero_()
-    out[:, :, left : left + n] = t.permute(2, 0, 1)
+    if batch <= 16:  # a few 2-D transposes take torch's blocked fast path
+        for b in range(batch):
+            out[:, b, left : left + n].copy_(t[b].t())
+    else:
+        out[:, :, left : left + n] = t.permute(2, 0, 1)
     return out.view(c, batch * (n_blocks + 2), block)
 
 

@@ -350,6 +350,20 @@ def test_ski_low_rank_approximates_smooth_toeplitz():
     assert errors[-1] < 0.05 * errors[0]
 
 
+def test_skitno_large_batch_matches_dense():
+    # more than 16 batch rows take the other copy path of the band's backward
+    ski = SKITNO(2, rank=3, filter_size=4, generator=gen(6), dtype=F64)
+    x = randn(20, 9, 2, seed=7).requires_grad_()
+    y = ski(x)
+    ref = torch.einsum("cij,bjc->bic", ski.dense_matrix(9), x)
+    torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-12)
+    g = randn(20, 9, 2, seed=8)
+    got = torch.autograd.grad(y, [x, ski.sparse_coeffs], g)
+    want = torch.autograd.grad(ref, [x, ski.sparse_coeffs], g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("low_rank", ["sparse", "dense"])
 def test_skitno_gradcheck(low_rank):
     ski = SKITNO(
