@@ -38,6 +38,8 @@ from typing import Dict, Tuple
 import numpy as np
 import torch
 
+from data_scripts._checks import check_int as _check_int
+
 __all__ = [
     "UNKNOWN_CHAR",
     "CharVocab",
@@ -75,13 +77,6 @@ def _check_fraction(name: str, value: object) -> float:
     return float(value)
 
 
-def _check_int(name: str, value: object, *, low: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = int(value)  # type: ignore[call-overload]
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
 
 
 def _check_ids(ids: object) -> torch.Tensor:

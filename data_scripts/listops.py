@@ -53,6 +53,8 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from data_scripts._checks import check_int as _check_int
+
 __all__ = [
     "LISTOPS_VOCAB",
     "LISTOPS_OPERATORS",
@@ -95,13 +97,6 @@ Expression = Union[str, Sequence[str]]
 
 
 # --------------------------------------------------------------------------- checks
-def _check_int(name: str, value: object, *, low: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = int(value)  # type: ignore[call-overload]
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
 
 
 # ----------------------------------------------------------------- tokens and values

@@ -90,6 +90,8 @@ from typing import List, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from data_scripts._checks import check_int as _check_int
+
 __all__ = [
     "BRACKET_VOCAB",
     "OPEN_ID",
@@ -127,13 +129,6 @@ def vocab_size(n_fillers: int) -> int:
     return _FIRST_FILLER + _check_int("n_fillers", n_fillers, low=1)
 
 
-def _check_int(name: str, value: object, *, low: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = int(value)  # type: ignore[call-overload]
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
 
 
 def _check_task_args(n_samples: object, length: object, seed: object, filler_fraction: object,
