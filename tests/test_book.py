@@ -26,6 +26,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def book_html(executed_chapters, executed_dir) -> Path:
+    if set(executed_chapters) != set(run_chapters.chapter_names()):
+        pytest.skip("the book is built only when every chapter was executed")
     failed = [c for c, r in executed_chapters.items() if r.status != "ok"]
     if failed:
         pytest.fail(f"chapters failed to execute: {failed}")
