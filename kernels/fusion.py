@@ -1,0 +1,936 @@
+"""MLP fusion: compressing the feed-forward blocks of a pretrained transformer while
+keeping its neural tangent kernel.
+
+This module is the package side of chapter 6 (``chapters/06_mlp_fusion.ipynb``), after
+Wei, Guo, Chen and He (2023), *NTK-approximating MLP Fusion for Efficient Language Model
+Fine-tuning* ("the paper"). It holds
+
+* the sub-MLP view of a two-layer MLP :math:`H = \\sigma(XW_1 + 1b_1^T)W_2 + 1b_2^T`
+  (eq. 1) as :math:`p_I` bottleneck-1 MLPs, each described by the embedding
+  :math:`w_i = [W_{1,\\cdot,i}; b_{1,i}; W_{2,i,\\cdot}]` (:func:`sub_mlp_embeddings`);
+* deterministic k-means (k-means++ seeding, several restarts, Lloyd iterations) on those
+  embeddings (:func:`kmeans`) and the matrices built from its labels: the one-hot
+  clustering matrix :math:`C`, the averaging matrix :math:`\\bar C` and the diagonal
+  scaling :math:`P = CC^T` (:func:`clustering_matrix`, :func:`averaging_matrix`,
+  :func:`scaling_matrix`);
+* the fused MLP of eq. 5, :math:`\\widetilde H_C = \\sigma(X\\widetilde W_1 + 1\\tilde
+  b_1^T) P \\widetilde W_2 + 1b_2^T` with :math:`\\widetilde W_1 = W_1\\bar C^T`,
+  :math:`\\tilde b_1 = \\bar C b_1`, :math:`\\widetilde W_2 = \\bar C W_2` and ``P`` a fixed,
+  non-trainable scaling between the activation and :math:`\\widetilde W_2`
+  (:func:`fuse_mlp`, :class:`CompressedLinear`);
+* the baselines of Section 5.3 behind one interface (:func:`compress_mlp`, ``method=``):
+  plain clustering (:math:`P^{1/2}` folded into both sides), truncated SVD, Gaussian
+  sketching, unstructured magnitude pruning at the same parameter budget, and MMD
+  minimisation;
+* the same compression applied to chosen FFN blocks of a model: a ``Sequential(Linear,
+  activation, Linear)`` or a BERT-style transformer (``encoder.layer[i].intermediate.dense``
+  and ``encoder.layer[i].output.dense``) (:func:`find_ffn_blocks`,
+  :func:`compress_sequential`, :func:`compress_model`);
+* the NTK measures of Section 4.3 / Table 1: per-sample gradients with respect to the MLP
+  parameters (:func:`mlp_gradients`), the SGD NTK :math:`\\langle\\nabla f(x),\\nabla
+  f(z)\\rangle` (eq. 2, :func:`sgd_kernel`) and the asymmetric sign-GD ("Adam") kernel
+  :math:`\\langle\\nabla f(x),\\operatorname{sign}\\nabla f(z)\\rangle` (eq. 3,
+  :func:`sign_kernel`), the kernel error and the FFN output error
+  (:func:`kernel_error`, :func:`ffn_output_error`);
+* the layer-wise task-specific tuning of eq. 6 (:func:`layerwise_tuning`).
+
+The SGD kernel restricted to the MLP parameters agrees with :func:`kernels.ntk.empirical_ntk`
+of a model whose only trainable parameters are those (tested); :func:`mlp_gradients`
+exists because the sign kernel needs the gradients themselves, not only their inner
+products, and because it gets all per-sample gradients of a transformer's FFN from one
+batched backward pass.
+
+Conventions: weights follow ``torch.nn.Linear`` (``weight`` is ``(out, in)``), so the
+paper's :math:`W_1 \\in \\mathbb R^{p\\times p_I}` is ``linear1.weight.T`` and
+:math:`W_2 \\in \\mathbb R^{p_I\\times p}` is ``linear2.weight.T``. Randomness comes from an
+explicit ``seed``; nothing touches torch's global generator.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, NamedTuple, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kernels._checks import check_choice, check_positive_int, check_tensor
+
+__all__ = [
+    "METHODS",
+    "CompressedLinear",
+    "KMeansResult",
+    "FFNBlock",
+    "sub_mlp_embeddings",
+    "kmeans",
+    "clustering_matrix",
+    "averaging_matrix",
+    "scaling_matrix",
+    "fuse_mlp",
+    "compress_mlp",
+    "svd_rank_for_budget",
+    "compress_sequential",
+    "find_ffn_blocks",
+    "compress_model",
+    "mlp_parameter_count",
+    "mlp_gradients",
+    "sgd_kernel",
+    "sign_kernel",
+    "kernel_error",
+    "ffn_output_error",
+    "layerwise_tuning",
+]
+
+#: Compression methods of :func:`compress_mlp`: the paper's MLP fusion and the baselines
+#: of its Section 5.3.
+METHODS = ("fusion", "clustering", "svd", "sketch", "pruning", "mmd")
+
+
+# --------------------------------------------------------------------------------------
+# Modules
+# --------------------------------------------------------------------------------------
+
+
+class CompressedLinear(nn.Module):
+    """An affine map ``y = (x * scale) @ (weight * mask).T + bias`` with fixed buffers.
+
+    ``scale`` (``(in,)``, default ones) is the diagonal of the paper's constant scaling
+    matrix :math:`P` of eq. 5 when this is the second layer of a fused MLP: it is a
+    buffer, not a parameter, so the optimizer never changes it and the gradient of
+    ``weight`` is multiplied by it, exactly as Section 4.2 says ("the gradient of the
+    second method is multiplied by the scaling matrix P"). ``mask`` (``(out, in)`` of
+    0/1, optional) is the fixed sparsity pattern of magnitude pruning: masked entries
+    take no part in the forward pass and receive zero gradient.
+
+    Shapes: ``x`` is ``(..., in)``, the output ``(..., out)``. Cost :math:`O(\\text{in}
+    \\cdot \\text{out})` per row, as ``nn.Linear``. Chapter 6, section "The fused MLP".
+    """
+
+    def __init__(
+        self,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        *,
+        scale: Optional[Tensor] = None,
+        mask: Optional[Tensor] = None,
+    ) -> None:
+        super().__init__()
+        weight = check_tensor("weight", weight, ndim=2)
+        out_features, in_features = weight.shape
+        self.weight = nn.Parameter(weight.detach().clone())
+        if bias is None:
+            self.bias = None
+        else:
+            bias = check_tensor("bias", bias, ndim=1)
+            if bias.shape[0] != out_features:
+                raise ValueError(
+                    f"bias must have length {out_features} (weight's rows), got {bias.shape[0]}"
+                )
+            self.bias = nn.Parameter(bias.detach().clone().to(weight.dtype))
+        if scale is None:
+            scale = torch.ones(in_features, dtype=weight.dtype, device=weight.device)
+        scale = check_tensor("scale", scale, ndim=1)
+        if scale.shape[0] != in_features:
+            raise ValueError(f"scale must have length {in_features} (weight's columns), got {scale.shape[0]}")
+        self.register_buffer("scale", scale.detach().clone().to(weight.dtype))
+        if mask is not None:
+            mask = check_tensor("mask", mask, ndim=2, floating=False)
+            if tuple(mask.shape) != tuple(weight.shape):
+                raise ValueError(f"mask must have the weight's shape {tuple(weight.shape)}, got {tuple(mask.shape)}")
+            mask = mask.detach().clone().to(weight.dtype)
+        self.register_buffer("mask", mask)
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def effective_weight(self) -> Tensor:
+        """``weight * mask`` (or ``weight``): the matrix the forward pass uses."""
+        return self.weight if self.mask is None else self.weight * self.mask
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x * self.scale, self.effective_weight(), self.bias)
+
+    def extra_repr(self) -> str:
+        pruned = "" if self.mask is None else f", kept={int(self.mask.sum())}"
+        return f"in_features={self.in_features}, out_features={self.out_features}{pruned}"
+
+
+def _as_compressed(linear: nn.Module) -> CompressedLinear:
+    if isinstance(linear, CompressedLinear):
+        return linear
+    return CompressedLinear(linear.weight, linear.bias)
+
+
+# --------------------------------------------------------------------------------------
+# The sub-MLP view and k-means
+# --------------------------------------------------------------------------------------
+
+
+def _check_pair(linear1: object, linear2: object) -> tuple[nn.Linear, nn.Linear]:
+    for name, lin in (("linear1", linear1), ("linear2", linear2)):
+        if not isinstance(lin, (nn.Linear, CompressedLinear)):
+            raise TypeError(f"{name} must be a torch.nn.Linear, got {type(lin).__name__}")
+        if isinstance(lin, CompressedLinear) and (
+            lin.mask is not None or not torch.all(lin.scale == 1)
+        ):
+            raise ValueError(f"{name} is already compressed (it has a mask or a scale); pass plain linear layers")
+    if linear2.in_features != linear1.out_features:
+        raise ValueError(
+            "mismatched linear layers: linear1 maps to "
+            f"{linear1.out_features} features (p_I) but linear2 expects {linear2.in_features}"
+        )
+    if linear2.out_features != linear1.in_features:
+        raise ValueError(
+            "mismatched linear layers: an FFN maps p -> p_I -> p, but linear1 takes "
+            f"{linear1.in_features} features and linear2 returns {linear2.out_features}"
+        )
+    return linear1, linear2
+
+
+def _bias_or_zeros(linear: nn.Module) -> Tensor:
+    if linear.bias is not None:
+        return linear.bias.detach()
+    return torch.zeros(linear.weight.shape[0], dtype=linear.weight.dtype, device=linear.weight.device)
+
+
+def sub_mlp_embeddings(linear1: nn.Module, linear2: nn.Module) -> Tensor:
+    """Embeddings :math:`w_i = [W_{1,\\cdot,i}^T, b_{1,i}, W_{2,i,\\cdot}]` of the
+    :math:`p_I` bottleneck-1 sub-MLPs of ``linear2(act(linear1(x)))`` (Section 4.2).
+
+    Row ``i`` determines sub-MLP ``i``, :math:`x \\mapsto \\sigma(x W_{1,\\cdot,i} +
+    b_{1,i}) W_{2,i,\\cdot}`, and the MLP is their sum plus :math:`b_2`.
+
+    Returns a detached ``(p_I, 2p + 1)`` tensor in the layers' dtype. Cost
+    :math:`O(p\\,p_I)`. Chapter 6, section "An MLP is a sum of sub-MLPs".
+    """
+    linear1, linear2 = _check_pair(linear1, linear2)
+    w1 = linear1.weight.detach()  # (p_I, p): row i is W1[:, i]
+    b1 = _bias_or_zeros(linear1)[:, None]  # (p_I, 1)
+    w2 = linear2.weight.detach().T  # (p_I, p): row i is W2[i, :]
+    return torch.cat([w1, b1, w2], dim=1)
+
+
+class KMeansResult(NamedTuple):
+    """Result of :func:`kmeans`: ``labels`` ``(n,)`` int64 in ``[0, k)``, ``centroids``
+    ``(k, d)``, ``inertia`` (sum of squared distances to the assigned centroid), the
+    Lloyd iterations of the best restart ``n_iter``."""
+
+    labels: Tensor
+    centroids: Tensor
+    inertia: float
+    n_iter: int
+
+
+def _sq_dists(x: Tensor, x_sq: Tensor, c: Tensor) -> Tensor:
+    return (x_sq[:, None] - 2.0 * x @ c.T + (c * c).sum(1)[None, :]).clamp_min_(0.0)
+
+
+def _kmeans_pp(x: Tensor, x_sq: Tensor, k: int, gen: torch.Generator) -> Tensor:
+    n = x.shape[0]
+    first = int(torch.randint(n, (1,), generator=gen))
+    idx = [first]
+    d2 = _sq_dists(x, x_sq, x[first : first + 1])[:, 0]
+    for _ in range(1, k):
+        total = float(d2.sum())
+        if total <= 0.0:
+            # Fewer distinct points than k: take any point not chosen yet.
+            free = torch.ones(n, dtype=torch.bool)
+            free[idx] = False
+            nxt = int(torch.nonzero(free)[0])
+        else:
+            nxt = int(torch.multinomial(d2 / total, 1, generator=gen))
+        idx.append(nxt)
+        d2 = torch.minimum(d2, _sq_dists(x, x_sq, x[nxt : nxt + 1])[:, 0])
+    return x[idx].clone()
+
+
+def _lloyd(x: Tensor, x_sq: Tensor, centroids: Tensor, max_iter: int, tol: float):
+    k = centroids.shape[0]
+    labels = torch.zeros(x.shape[0], dtype=torch.long)
+    n_iter = 0
+    for n_iter in range(1, max_iter + 1):
+        d2 = _sq_dists(x, x_sq, centroids)
+        min_d2, labels = d2.min(dim=1)
+        counts = torch.bincount(labels, minlength=k)
+        sums = torch.zeros_like(centroids).index_add_(0, labels, x)
+        new = sums / counts.clamp_min(1)[:, None].to(x.dtype)
+        empty = torch.nonzero(counts == 0)[:, 0]
+        if len(empty):
+            # An empty cluster takes the points farthest from their centroids.
+            far = torch.argsort(min_d2, descending=True)[: len(empty)]
+            new[empty] = x[far]
+            labels[far] = empty
+        shift = float(((new - centroids) ** 2).sum())
+        centroids = new
+        if shift <= tol:
+            break
+    d2 = _sq_dists(x, x_sq, centroids)
+    min_d2, labels = d2.min(dim=1)
+    return labels, centroids, float(min_d2.sum()), n_iter
+
+
+def kmeans(
+    points: Tensor,
+    k: int,
+    *,
+    n_init: int = 3,
+    max_iter: int = 100,
+    tol: float = 1e-8,
+    seed: int = 0,
+) -> KMeansResult:
+    """k-means clustering (Lloyd's algorithm) with k-means++ seeding and ``n_init``
+    restarts; the restart with the lowest inertia wins.
+
+    Deterministic for a given ``seed`` (all draws come from one ``torch.Generator``
+    seeded with it; the arithmetic runs in float64 on the CPU). A cluster that empties
+    during the iterations is re-seeded with the point farthest from its centroid, so
+    every one of the ``k`` clusters is non-empty when the points have at least ``k``
+    distinct values. With ``k = n`` distinct points every point is its own cluster.
+
+    Args:
+        points: ``(n, d)`` floating tensor.
+        k: number of clusters, ``1 <= k <= n``.
+        n_init: restarts; max_iter: Lloyd iterations per restart; tol: stop when the
+            squared centroid shift (summed) is at most ``tol`` relative to the data's
+            mean squared norm.
+        seed: integer seed.
+
+    Returns:
+        :class:`KMeansResult` with the labels ``(n,)``, centroids ``(k, d)`` (float64),
+        inertia and iterations of the best restart.
+
+    Cost :math:`O(n_{init}\\cdot \\text{iterations}\\cdot n k d)` time, :math:`O(nk + nd)`
+    memory. Chapter 6, section "Clustering the sub-MLPs".
+    """
+    points = check_tensor("points", points, ndim=2)
+    n = points.shape[0]
+    k = check_positive_int("k", k)
+    if k > n:
+        raise ValueError(f"k must be at most the number of points ({n}), got {k}")
+    n_init = check_positive_int("n_init", n_init)
+    max_iter = check_positive_int("max_iter", max_iter)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    x = points.detach().to("cpu", torch.float64)
+    x_sq = (x * x).sum(1)
+    scale = float(x_sq.mean()) or 1.0
+    gen = torch.Generator().manual_seed(seed)
+    best = None
+    for _ in range(n_init):
+        init = _kmeans_pp(x, x_sq, k, gen)
+        labels, centroids, inertia, n_iter = _lloyd(x, x_sq, init, max_iter, tol * scale)
+        if best is None or inertia < best.inertia:
+            best = KMeansResult(labels, centroids, inertia, n_iter)
+    return best
+
+
+def clustering_matrix(labels: Tensor, k: int) -> Tensor:
+    """One-hot clustering matrix :math:`C \\in \\{0,1\\}^{k\\times p_I}`,
+    :math:`C_{ji} = 1` iff sub-MLP ``i`` is in cluster ``j`` (Section 4.2).
+
+    ``labels``: ``(p_I,)`` integers in ``[0, k)``. Returns ``(k, p_I)`` float64.
+    Chapter 6, section "Clustering the sub-MLPs".
+    """
+    if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.ndim != 1:
+        raise TypeError("labels must be a 1-D integer torch.Tensor")
+    k = check_positive_int("k", k)
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= k):
+        raise ValueError(f"labels must lie in [0, {k}), got values in [{int(labels.min())}, {int(labels.max())}]")
+    c = torch.zeros(k, labels.shape[0], dtype=torch.float64)
+    c[labels.cpu(), torch.arange(labels.shape[0])] = 1.0
+    return c
+
+
+def averaging_matrix(c: Tensor) -> Tensor:
+    """Averaging matrix :math:`\\bar C`: the rows of ``C`` divided by their sums, so
+    that :math:`\\bar C W` holds the cluster centroids. ``(k, p_I) -> (k, p_I)``; an empty
+    cluster (zero row) stays zero."""
+    c = check_tensor("c", c, ndim=2)
+    return c / c.sum(1, keepdim=True).clamp_min(1.0)
+
+
+def scaling_matrix(c: Tensor) -> Tensor:
+    """The scaling matrix :math:`P = CC^T` (``(k, k)``, diagonal): :math:`P_{jj}` is
+    the number of sub-MLPs in cluster ``j`` (Section 4.3)."""
+    c = check_tensor("c", c, ndim=2)
+    return c @ c.T
+
+
+# --------------------------------------------------------------------------------------
+# Compression of one MLP
+# --------------------------------------------------------------------------------------
+
+
+def _check_k(k: object, p_inner: int) -> int:
+    if isinstance(k, bool) or not hasattr(k, "__index__"):
+        raise TypeError(f"k must be an integer number of intermediate units, got {k!r}")
+    k = int(k)
+    if k <= 0 or k > p_inner:
+        raise ValueError(f"k must satisfy 1 <= k <= p_I = {p_inner}, got {k}")
+    return k
+
+
+def _seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    return seed
+
+
+def svd_rank_for_budget(p: int, p_inner: int, k: int) -> int:
+    """Rank ``r`` of the truncated-SVD baseline with the parameter budget of a width-``k``
+    MLP: a rank-``r`` factorisation of both ``p x p_I`` weights costs ``2r(p + p_I)``
+    numbers, a width-``k`` MLP ``k(2p + 1)``; ``r = min(p, p_I, round(k(2p+1) / (2(p + p_I))))``,
+    at least 1."""
+    r = round(k * (2 * p + 1) / (2 * (p + p_inner)))
+    return max(1, min(p, p_inner, r))
+
+
+def _truncate(matrix: Tensor, rank: int) -> Tensor:
+    u, s, vh = torch.linalg.svd(matrix.to(torch.float64), full_matrices=False)
+    return (u[:, :rank] * s[:rank]) @ vh[:rank]
+
+
+def _mmd_support(
+    w: Tensor, k: int, *, steps: int, lr: float, gen: torch.Generator
+) -> Tensor:
+    """``k`` support points minimising the squared MMD (Gaussian kernel, median-heuristic
+    bandwidth) to the empirical distribution of the rows of ``w``; Appendix A.2."""
+    n = w.shape[0]
+    x = w.to(torch.float64)
+    start = torch.randperm(n, generator=gen)[:k]
+    y = x[start].clone()
+    if k == n:
+        # The points themselves: MMD is 0, the minimum. (Adam would still move them:
+        # it rescales the rounding noise of a zero gradient to full-size steps.)
+        return y
+    y.requires_grad_(True)
+
+    def sq(a: Tensor, b: Tensor) -> Tensor:
+        return ((a * a).sum(1)[:, None] - 2.0 * a @ b.T + (b * b).sum(1)[None, :]).clamp_min(0.0)
+
+    with torch.no_grad():
+        sub = x[torch.randperm(n, generator=gen)[: min(n, 512)]]
+        d2 = sq(sub, sub)
+        med = float(d2[d2 > 0].median()) if bool((d2 > 0).any()) else 1.0
+    gamma = 1.0 / med
+    opt = torch.optim.Adam([y], lr=lr * math.sqrt(med / x.shape[1]))
+    for _ in range(steps):
+        opt.zero_grad()
+        kyy = torch.exp(-gamma * sq(y, y)).mean()
+        kxy = torch.exp(-gamma * sq(x, y)).mean()
+        loss = kyy - 2 * kxy  # + mean k(x, x), a constant
+        loss.backward()
+        opt.step()
+    return y.detach()
+
+
+def compress_mlp(
+    linear1: nn.Module,
+    linear2: nn.Module,
+    k: int,
+    *,
+    method: str = "fusion",
+    seed: int = 0,
+    n_init: int = 3,
+    max_iter: int = 100,
+    mmd_steps: int = 200,
+    mmd_lr: float = 0.05,
+    clustering: Optional[KMeansResult] = None,
+) -> tuple[CompressedLinear, CompressedLinear]:
+    """Compress ``linear2(act(linear1(x)))`` (eq. 1, ``p -> p_I -> p``) to ``k``
+    intermediate units (or the same parameter budget) with one of :data:`METHODS`.
+
+    Returns two :class:`CompressedLinear` that replace ``linear1`` and ``linear2`` around
+    the same activation. With ``W = [W_1^T, b_1, W_2]`` the sub-MLP embeddings:
+
+    * ``"fusion"`` (eq. 5): k-means on ``W``; :math:`\\widetilde W_1 = W_1\\bar C^T`,
+      :math:`\\tilde b_1 = \\bar C b_1`, :math:`\\widetilde W_2 = \\bar C W_2`, and
+      :math:`P = CC^T` a fixed ``scale`` of the second layer. ``(k, p)`` and ``(p, k)``
+      weights.
+    * ``"clustering"`` (Section 5.3): the same centroids with :math:`P^{1/2}` folded
+      into both sides, :math:`W_1\\bar C^TP^{1/2}`, :math:`P^{1/2}\\bar C b_1`,
+      :math:`P^{1/2}\\bar C W_2`, no scale. Equal to fusion in the forward pass only
+      for positively homogeneous activations (ReLU), different gradients always.
+    * ``"sketch"``: Gaussian sketch :math:`S\\in\\mathbb R^{p_I\\times k}`, entries
+      :math:`N(0, 1/k)`: :math:`\\sigma(XW_1S + 1b_1^TS)S^TW_2 + 1b_2^T`.
+    * ``"mmd"``: ``k`` support points :math:`\\widetilde W` minimising the MMD to the
+      empirical distribution of the rows of ``W`` (Gaussian kernel, Adam for
+      ``mmd_steps`` steps from ``k`` random rows); :math:`\\widetilde W_2` carries the
+      uniform weight :math:`p_I/k` folded in.
+    * ``"svd"``: keeps the width ``p_I`` and replaces :math:`W_1, W_2` by their best
+      rank-``r`` approximations (Eckart-Young), ``r =`` :func:`svd_rank_for_budget`.
+      Deterministic. Exact only when ``r`` reaches the weights' rank.
+    * ``"pruning"``: unstructured magnitude pruning at the same budget: keeps the
+      ``round(numel * k / p_I)`` largest-magnitude entries of each weight matrix
+      (biases kept) through a fixed ``mask``. Deterministic.
+
+    With ``k = p_I``, fusion, clustering, MMD and pruning reproduce the MLP exactly (up
+    to a permutation of the intermediate units); the sketch is exact in expectation for
+    a linear activation only, SVD as far as its budget rank allows.
+
+    Args:
+        linear1, linear2: ``nn.Linear(p, p_I)`` and ``nn.Linear(p_I, p)``.
+        k: compressed intermediate width, ``1 <= k <= p_I``.
+        method: one of :data:`METHODS`.
+        seed: seed of k-means, the sketch and the MMD initialisation.
+        n_init, max_iter: k-means restarts and Lloyd iterations.
+        mmd_steps, mmd_lr: MMD optimisation steps and relative step size.
+        clustering: a precomputed :func:`kmeans` result on :func:`sub_mlp_embeddings`
+            (shared between ``"fusion"`` and ``"clustering"`` to save time).
+
+    Cost: k-means :math:`O(n_{init}\\,\\text{iter}\\,p_I k p)`; SVD :math:`O(p^2 p_I)`;
+    MMD :math:`O(\\text{steps}\\,p_I k p)`. Chapter 6, sections "The fused MLP" and
+    "The baselines".
+    """
+    linear1, linear2 = _check_pair(linear1, linear2)
+    method = check_choice("method", method, METHODS)
+    p, p_inner = linear1.in_features, linear1.out_features
+    k = _check_k(k, p_inner)
+    seed = _seed(seed)
+    dtype, device = linear1.weight.dtype, linear1.weight.device
+    w1 = linear1.weight.detach().to(torch.float64)  # (p_I, p) = W1^T
+    b1 = _bias_or_zeros(linear1).to(torch.float64)  # (p_I,)
+    w2 = linear2.weight.detach().to(torch.float64)  # (p, p_I) = W2^T
+    b2 = linear2.bias
+
+    def build(n1: Tensor, nb1: Tensor, n2: Tensor, *, scale=None, mask1=None, mask2=None):
+        cast = lambda t: None if t is None else t.to(dtype=dtype, device=device)
+        l1 = CompressedLinear(cast(n1), cast(nb1) if linear1.bias is not None else None, mask=cast(mask1))
+        l2 = CompressedLinear(cast(n2), b2, scale=cast(scale), mask=cast(mask2))
+        return l1, l2
+
+    if method in ("fusion", "clustering"):
+        if clustering is None:
+            clustering = kmeans(
+                sub_mlp_embeddings(linear1, linear2), k, n_init=n_init, max_iter=max_iter, seed=seed
+            )
+        elif not isinstance(clustering, KMeansResult) or clustering.labels.shape[0] != p_inner:
+            raise ValueError(f"clustering must be a KMeansResult over the p_I = {p_inner} sub-MLPs")
+        elif clustering.centroids.shape[0] != k:
+            raise ValueError(f"clustering has {clustering.centroids.shape[0]} clusters but k = {k}")
+        c = clustering_matrix(clustering.labels, k)
+        c_bar = averaging_matrix(c)
+        counts = c.sum(1)  # diag(P)
+        n1, nb1, n2 = c_bar @ w1, c_bar @ b1, w2 @ c_bar.T
+        if method == "fusion":
+            return build(n1, nb1, n2, scale=counts)
+        root = counts.sqrt()
+        return build(root[:, None] * n1, root * nb1, n2 * root[None, :])
+
+    gen = torch.Generator().manual_seed(seed)
+    if method == "sketch":
+        s = torch.randn(p_inner, k, generator=gen, dtype=torch.float64) / math.sqrt(k)
+        return build(s.T @ w1, s.T @ b1, w2 @ s)
+    if method == "mmd":
+        w = sub_mlp_embeddings(linear1, linear2).to(torch.float64)
+        y = _mmd_support(w, k, steps=mmd_steps, lr=mmd_lr, gen=gen)
+        return build(y[:, :p], y[:, p], y[:, p + 1 :].T * (p_inner / k))
+    if method == "svd":
+        r = svd_rank_for_budget(p, p_inner, k)
+        return build(_truncate(w1, r), b1, _truncate(w2, r))
+    # pruning
+    masks = []
+    for w in (w1, w2):
+        keep = round(w.numel() * k / p_inner)
+        mask = torch.zeros(w.numel(), dtype=torch.float64)
+        mask[torch.argsort(w.abs().flatten(), descending=True, stable=True)[:keep]] = 1.0
+        masks.append(mask.reshape(w.shape))
+    return build(w1, b1, w2, mask1=masks[0], mask2=masks[1])
+
+
+def fuse_mlp(
+    linear1: nn.Module,
+    linear2: nn.Module,
+    k: int,
+    *,
+    seed: int = 0,
+    n_init: int = 3,
+    max_iter: int = 100,
+    clustering: Optional[KMeansResult] = None,
+) -> tuple[CompressedLinear, CompressedLinear]:
+    """MLP fusion (eq. 5): :func:`compress_mlp` with ``method="fusion"``.
+
+    Returns ``(fused1, fused2)``: ``fused1`` is ``nn.Linear``-like ``p -> k`` with
+    :math:`\\widetilde W_1 = W_1\\bar C^T`, :math:`\\tilde b_1 = \\bar C b_1`; ``fused2``
+    computes :math:`a P \\widetilde W_2 + b_2` with :math:`\\widetilde W_2 = \\bar C W_2`
+    and the cluster sizes :math:`P = CC^T` as a fixed buffer ``fused2.scale``. Chapter 6,
+    section "The fused MLP".
+    """
+    return compress_mlp(
+        linear1, linear2, k, method="fusion", seed=seed, n_init=n_init, max_iter=max_iter, clustering=clustering
+    )
+
+
+# --------------------------------------------------------------------------------------
+# FFN blocks of models
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class FFNBlock:
+    """Where one FFN sits in a model: ``linear1`` is ``getattr(owner1, name1)``,
+    ``linear2`` is ``getattr(owner2, name2)``, with ``activation`` between them."""
+
+    owner1: nn.Module
+    name1: str
+    owner2: nn.Module
+    name2: str
+    activation: Callable[[Tensor], Tensor]
+
+    @property
+    def linear1(self) -> nn.Module:
+        return getattr(self.owner1, self.name1)
+
+    @property
+    def linear2(self) -> nn.Module:
+        return getattr(self.owner2, self.name2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The FFN alone: ``linear2(activation(linear1(x)))``."""
+        return self.linear2(self.activation(self.linear1(x)))
+
+
+def _is_linear(m: nn.Module) -> bool:
+    return isinstance(m, (nn.Linear, CompressedLinear))
+
+
+def find_ffn_blocks(model: nn.Module) -> list[FFNBlock]:
+    """The FFN blocks of ``model``, bottom to top.
+
+    Supported structures: an ``nn.Sequential(Linear(p, p_I), activation, Linear(p_I, p))``
+    (one block), and a BERT-style transformer (``transformers`` ``BertModel`` and
+    relatives) whose ``encoder.layer[i]`` has ``intermediate.dense`` (``p -> p_I``),
+    ``intermediate.intermediate_act_fn`` and ``output.dense`` (``p_I -> p``); a model
+    wrapping one under ``.bert`` or ``.model`` also works.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+        ValueError: no FFN of the expected structure, naming what was looked for.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, nn.Sequential):
+        mods = list(model)
+        if len(mods) == 3 and _is_linear(mods[0]) and _is_linear(mods[2]) and not _is_linear(mods[1]):
+            return [FFNBlock(model, "0", model, "2", mods[1])]
+        raise ValueError(
+            "model is an nn.Sequential but not Sequential(Linear(p, p_I), activation, "
+            f"Linear(p_I, p)); got {[type(m).__name__ for m in mods]}"
+        )
+    base = model
+    for attr in ("bert", "model"):
+        if not hasattr(base, "encoder") and hasattr(base, attr):
+            base = getattr(base, attr)
+    layers = getattr(getattr(base, "encoder", None), "layer", None)
+    blocks = []
+    if isinstance(layers, (nn.ModuleList, nn.Sequential)):
+        for layer in layers:
+            inter, out = getattr(layer, "intermediate", None), getattr(layer, "output", None)
+            if inter is None or out is None or not hasattr(inter, "dense") or not hasattr(out, "dense"):
+                blocks = []
+                break
+            act = getattr(inter, "intermediate_act_fn", None)
+            if act is None or not _is_linear(inter.dense) or not _is_linear(out.dense):
+                blocks = []
+                break
+            blocks.append(FFNBlock(inter, "dense", out, "dense", act))
+    if not blocks:
+        raise ValueError(
+            f"model ({type(model).__name__}) has no FFN of the expected structure: expected "
+            "an nn.Sequential(Linear, activation, Linear) or a BERT-style transformer with "
+            "encoder.layer[i].intermediate.dense, .intermediate.intermediate_act_fn and "
+            "encoder.layer[i].output.dense"
+        )
+    return blocks
+
+
+def compress_sequential(
+    mlp: nn.Sequential, k: int, *, method: str = "fusion", seed: int = 0, **kwargs
+) -> nn.Sequential:
+    """A new ``Sequential(linear1', activation, linear2')``: ``mlp`` compressed with
+    :func:`compress_mlp` (``mlp`` itself is not modified)."""
+    (block,) = find_ffn_blocks(mlp)
+    l1, l2 = compress_mlp(block.linear1, block.linear2, k, method=method, seed=seed, **kwargs)
+    return nn.Sequential(l1, copy.deepcopy(mlp[1]), l2)
+
+
+def compress_model(
+    model: nn.Module,
+    k: int,
+    *,
+    layers: Optional[Sequence[int]] = None,
+    method: str = "fusion",
+    seed: int = 0,
+    inplace: bool = False,
+    clusterings: Optional[dict[int, KMeansResult]] = None,
+    **kwargs,
+) -> nn.Module:
+    """Compress the FFN blocks ``layers`` (indices into :func:`find_ffn_blocks`, negative
+    allowed; ``None``: all) of ``model`` with :func:`compress_mlp`.
+
+    Returns a deep copy (or ``model`` itself with ``inplace=True``) whose chosen FFNs use
+    :class:`CompressedLinear` layers; the rest is untouched. Each layer ``l`` uses the
+    seed ``seed + l`` and, if given, ``clusterings[l]``. The paper compresses the last 8
+    of RoBERTa's 12 layers. Chapter 6, section "Compressing MiniLM".
+    """
+    if not isinstance(inplace, bool):
+        raise TypeError(f"inplace must be a bool, got {inplace!r}")
+    target = model if inplace else copy.deepcopy(model)
+    blocks = find_ffn_blocks(target)
+    n = len(blocks)
+    if layers is None:
+        chosen = list(range(n))
+    else:
+        if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+            raise TypeError(f"layers must be a sequence of layer indices, got {layers!r}")
+        chosen = []
+        for layer in layers:
+            if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+                raise TypeError(f"layers must hold integers, got {layer!r}")
+            layer = int(layer)
+            if not -n <= layer < n:
+                raise ValueError(f"layers must lie in [{-n}, {n}) for a model with {n} FFN blocks, got {layer}")
+            chosen.append(layer % n)
+        if len(set(chosen)) != len(chosen):
+            raise ValueError(f"layers must not repeat a layer, got {list(layers)}")
+    seed = _seed(seed)
+    for layer in chosen:
+        block = blocks[layer]
+        pre = None if clusterings is None else clusterings.get(layer)
+        extra = dict(kwargs)
+        if pre is not None:
+            extra["clustering"] = pre
+        l1, l2 = compress_mlp(block.linear1, block.linear2, k, method=method, seed=seed + layer, **extra)
+        setattr(block.owner1, block.name1, l1)
+        setattr(block.owner2, block.name2, l2)
+    return target
+
+
+def mlp_parameter_count(model: nn.Module, layers: Optional[Sequence[int]] = None) -> int:
+    """Parameters of the FFN blocks ``layers`` of ``model`` (``None``: all), counting only
+    unmasked weight entries of pruned layers."""
+    blocks = find_ffn_blocks(model)
+    chosen = range(len(blocks)) if layers is None else [int(l) % len(blocks) for l in layers]
+    total = 0
+    for i in chosen:
+        for lin in (blocks[i].linear1, blocks[i].linear2):
+            mask = getattr(lin, "mask", None)
+            total += int(mask.sum()) if mask is not None else lin.weight.numel()
+            total += 0 if lin.bias is None else lin.bias.numel()
+    return total
+
+
+# --------------------------------------------------------------------------------------
+# NTK measures
+# --------------------------------------------------------------------------------------
+
+
+def _linear_parts(lin: nn.Module) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    scale = getattr(lin, "scale", None)
+    mask = getattr(lin, "mask", None)
+    return scale, mask
+
+
+def mlp_gradients(
+    model: nn.Module,
+    output_fn: Callable[[nn.Module], Tensor],
+    *,
+    layers: Optional[Sequence[int]] = None,
+) -> Tensor:
+    """Per-sample gradients :math:`\\nabla_\\theta f(x_s)` of a scalar-per-sample output
+    with respect to the parameters of the FFN blocks ``layers`` (``None``: all):
+    ``[W_1, b_1, W_2, b_2]`` of each block, flattened and concatenated (eq. 4).
+
+    ``output_fn(model)`` runs the model on a batch of ``n`` samples and returns ``(n,)``;
+    samples must not interact (padding masked). One forward and one backward pass: hooks
+    record each FFN linear layer's input :math:`a` and output gradient :math:`g`, and
+    since :math:`\\partial f(x_s)/\\partial W = \\sum_t g_{s,t}^T (a_{s,t}\\odot
+    \\text{scale})` (times the mask of a pruned layer), every sample's gradient is one
+    ``einsum``. Inputs may be ``(n, p)`` or ``(n, T, p)`` (tokens ``t``).
+
+    Returns ``(n, P)`` in the model's dtype (zeros for masked weight entries). Cost one
+    forward/backward pass plus :math:`O(nTP)`; memory :math:`O(nP)`. Chapter 6, section
+    "Measuring the NTK".
+    """
+    if not callable(output_fn):
+        raise TypeError("output_fn must be a callable taking the model and returning (n,) outputs")
+    blocks = find_ffn_blocks(model)
+    chosen = list(range(len(blocks))) if layers is None else [int(l) % len(blocks) for l in layers]
+    linears = []
+    for i in chosen:
+        linears += [blocks[i].linear1, blocks[i].linear2]
+    records: dict[int, dict[str, Tensor]] = {}
+    handles = []
+
+    def hook(idx):
+        def fn(mod, inputs, output):
+            records[idx] = {"a": inputs[0].detach(), "y": output}
+
+        return fn
+
+    for idx, lin in enumerate(linears):
+        handles.append(lin.register_forward_hook(hook(idx)))
+    try:
+        with torch.enable_grad():
+            out = output_fn(model)
+            if not isinstance(out, Tensor) or out.ndim != 1:
+                raise ValueError(
+                    f"output_fn must return a 1-D tensor (one scalar per sample), got "
+                    f"{getattr(out, 'shape', type(out).__name__)}"
+                )
+            ys = [records[i]["y"] for i in range(len(linears))]
+            grads = torch.autograd.grad(out.sum(), ys, allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    n = out.shape[0]
+    parts = []
+    for idx, lin in enumerate(linears):
+        a = records[idx]["a"]
+        g = grads[idx]
+        if g is None:
+            g = torch.zeros_like(records[idx]["y"])
+        if a.ndim == 2:
+            a, g = a[:, None, :], g[:, None, :]
+        scale, mask = _linear_parts(lin)
+        if scale is not None:
+            a = a * scale
+        if lin.weight.requires_grad:
+            gw = torch.einsum("nto,nti->noi", g, a)
+            if mask is not None:
+                gw = gw * mask
+            parts.append(gw.reshape(n, -1))
+        if lin.bias is not None and lin.bias.requires_grad:
+            parts.append(g.sum(1))
+    if not parts:
+        raise ValueError("the chosen FFN blocks have no trainable parameter")
+    return torch.cat(parts, dim=1).detach()
+
+
+def sgd_kernel(g1: Tensor, g2: Optional[Tensor] = None) -> Tensor:
+    """SGD NTK (eq. 2) from per-sample gradients: :math:`K_{ij} = \\langle g_1[i],
+    g_2[j]\\rangle`. ``g1``: ``(n1, P)``, ``g2``: ``(n2, P)`` (``None``: ``g1``). Returns
+    ``(n1, n2)`` in float64. Cost :math:`O(n_1 n_2 P)`."""
+    g1 = check_tensor("g1", g1, ndim=2).to(torch.float64)
+    g2 = g1 if g2 is None else _check_grads_like(g1, g2).to(torch.float64)
+    return g1 @ g2.T
+
+
+def sign_kernel(g1: Tensor, g2: Optional[Tensor] = None) -> Tensor:
+    """Asymmetric sign-GD ("Adam") kernel (eq. 3; Malladi et al. 2022):
+    :math:`K_{ij} = \\langle g_1[i], \\operatorname{sign} g_2[j]\\rangle`. Shapes as
+    :func:`sgd_kernel`; not symmetric in general."""
+    g1 = check_tensor("g1", g1, ndim=2).to(torch.float64)
+    g2 = g1 if g2 is None else _check_grads_like(g1, g2).to(torch.float64)
+    return g1 @ torch.sign(g2).T
+
+
+def _check_grads_like(g1: Tensor, g2: object) -> Tensor:
+    g2 = check_tensor("g2", g2, ndim=2)
+    if g2.shape[1] != g1.shape[1]:
+        raise ValueError(f"g1 and g2 must have the same number of parameters, got {g1.shape[1]} and {g2.shape[1]}")
+    return g2
+
+
+def kernel_error(k_ref: Tensor, k_new: Tensor) -> float:
+    """NTK approximation error :math:`\\|\\widetilde K - K\\|_F` (the paper's
+    ":math:`l_2` difference of the NTK kernel", Table 1)."""
+    k_ref = check_tensor("k_ref", k_ref, ndim=2)
+    k_new = check_tensor("k_new", k_new, ndim=2)
+    if k_ref.shape != k_new.shape:
+        raise ValueError(f"k_ref and k_new must have the same shape, got {tuple(k_ref.shape)} and {tuple(k_new.shape)}")
+    return float(torch.linalg.norm((k_new.to(torch.float64) - k_ref.to(torch.float64))))
+
+
+def ffn_output_error(
+    ffn_ref: Callable[[Tensor], Tensor],
+    ffn_new: Callable[[Tensor], Tensor],
+    x: Tensor,
+    mask: Optional[Tensor] = None,
+) -> float:
+    """Output error of a compressed FFN on the same inputs: the mean over samples of
+    :math:`\\|\\widetilde H - H\\|_F` over the sample's real tokens (Table 1, "Output").
+
+    ``x``: ``(n, T, p)`` FFN inputs (or ``(n, p)``); ``mask``: ``(n, T)`` 1 for real
+    tokens (``None``: all). Returns a float.
+    """
+    x = check_tensor("x", x, ndim=(2, 3))
+    if x.ndim == 2:
+        x = x[:, None, :]
+    if mask is None:
+        mask = torch.ones(x.shape[:2], dtype=x.dtype)
+    elif tuple(mask.shape) != tuple(x.shape[:2]):
+        raise ValueError(f"mask must have shape {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
+    with torch.no_grad():
+        diff = (ffn_new(x) - ffn_ref(x)).to(torch.float64) * mask[..., None].to(torch.float64)
+        return float(diff.pow(2).sum(dim=(1, 2)).sqrt().mean())
+
+
+# --------------------------------------------------------------------------------------
+# Layer-wise task-specific tuning (eq. 6)
+# --------------------------------------------------------------------------------------
+
+
+def layerwise_tuning(
+    student: nn.Module,
+    teacher: nn.Module,
+    batches: Iterable[dict[str, Tensor]],
+    *,
+    lr: float = 1e-4,
+    layers: Optional[Sequence[int]] = None,
+) -> list[float]:
+    """Layer-wise task-specific tuning (Section 4.4, eq. 6): minimise
+    :math:`\\sum_l \\mathrm{MSE}(H_t^l, H^l)` between the teacher's and the student's
+    layer outputs on unlabelled task inputs, updating only the student's FFN blocks
+    ``layers`` (``None``: all blocks that hold a :class:`CompressedLinear`).
+
+    ``batches`` yields keyword arguments of a ``transformers`` model (``input_ids``,
+    ``attention_mask``...); both models are called with ``output_hidden_states=True``.
+    One AdamW step per batch (the paper: one epoch). Returns the loss of every step.
+    Padding tokens are excluded from the MSE when ``attention_mask`` is given.
+    """
+    blocks = find_ffn_blocks(student)
+    if layers is None:
+        chosen = [i for i, b in enumerate(blocks) if isinstance(b.linear1, CompressedLinear)]
+    else:
+        chosen = [int(l) % len(blocks) for l in layers]
+    if not chosen:
+        raise ValueError("student has no compressed FFN block to tune")
+    params = []
+    for i in chosen:
+        params += [p for p in (*blocks[i].linear1.parameters(), *blocks[i].linear2.parameters())]
+    frozen = {id(p) for p in params}
+    saved = {n: p.requires_grad for n, p in student.named_parameters()}
+    for p in student.parameters():
+        p.requires_grad_(id(p) in frozen)
+    opt = torch.optim.AdamW(params, lr=lr)
+    losses = []
+    try:
+        for batch in batches:
+            with torch.no_grad():
+                target = teacher(**batch, output_hidden_states=True).hidden_states[1:]
+            got = student(**batch, output_hidden_states=True).hidden_states[1:]
+            m = batch.get("attention_mask")
+            w = None if m is None else m[..., None].to(got[0].dtype)
+            loss = 0.0
+            for h_t, h_s in zip(target, got):
+                if w is None:
+                    loss = loss + F.mse_loss(h_s, h_t)
+                else:
+                    loss = loss + ((h_s - h_t) ** 2 * w).sum() / (w.sum() * h_s.shape[-1])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+    finally:
+        for n, p in student.named_parameters():
+            p.requires_grad_(saved[n])
+    return losses
