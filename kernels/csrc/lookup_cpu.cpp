@@ -1,0 +1,279 @@
+// CPU kernels of chapter 5 (chapters/05_lookupffn.ipynb): the fast Walsh-Hadamard
+// transform and the fused LookupFFN inference kernel (code + weight + gather-accumulate).
+//
+// Built on first use (or at install time) by kernels/_ext.py with
+// torch.utils.cpp_extension.load; the Python wrappers in kernels/hadamard.py and
+// kernels/lookup.py validate every argument, so the functions below trust their callers
+// (contiguous CPU tensors of the dtype they expect, power-of-two lengths).
+//
+// Parallelism: at::parallel_for over rows / tokens (OpenMP in torch's CPU builds), so
+// torch.set_num_threads controls it. Vectorisation: the compiler's, with -O3 and
+// -march=native (the extension is built on the machine that runs it); the inner loops
+// are written so that they vectorise (contiguous, no aliasing between src and dst).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------------------- FWHT
+// Unnormalised Sylvester ordering: H_1 = [1], H_{2n} = [[H_n, H_n], [H_n, -H_n]].
+// One row of length d (a power of two) is transformed from src into dst.
+//
+// Stages h = 1, 2, 4 are done together in registers on groups of 8 (radix 8), the next
+// stages two at a time (radix 4: one read and one write of the data per two stages),
+// and the last odd stage, if any, alone (radix 2). Every stage whose span fits in a
+// block of kBlock elements is done block by block, so that the block stays in L1;
+// only the stages with h >= kBlock stream over the whole row.
+
+template <typename T>
+inline void radix8_first(const T* __restrict src, T* __restrict dst, int64_t d) {
+  for (int64_t i = 0; i < d; i += 8) {
+    const T a0 = src[i], a1 = src[i + 1], a2 = src[i + 2], a3 = src[i + 3];
+    const T a4 = src[i + 4], a5 = src[i + 5], a6 = src[i + 6], a7 = src[i + 7];
+    const T b0 = a0 + a1, b1 = a0 - a1, b2 = a2 + a3, b3 = a2 - a3;
+    const T b4 = a4 + a5, b5 = a4 - a5, b6 = a6 + a7, b7 = a6 - a7;
+    const T c0 = b0 + b2, c1 = b1 + b3, c2 = b0 - b2, c3 = b1 - b3;
+    const T c4 = b4 + b6, c5 = b5 + b7, c6 = b4 - b6, c7 = b5 - b7;
+    dst[i] = c0 + c4;
+    dst[i + 1] = c1 + c5;
+    dst[i + 2] = c2 + c6;
+    dst[i + 3] = c3 + c7;
+    dst[i + 4] = c0 - c4;
+    dst[i + 5] = c1 - c5;
+    dst[i + 6] = c2 - c6;
+    dst[i + 7] = c3 - c7;
+  }
+}
+
+// Two stages (spans h and 2h) on x[0 : len), len a multiple of 4h.
+template <typename T>
+inline void radix4_stage(T* __restrict x, int64_t len, int64_t h) {
+  for (int64_t base = 0; base < len; base += 4 * h) {
+    T* __restrict p0 = x + base;
+    T* __restrict p1 = p0 + h;
+    T* __restrict p2 = p1 + h;
+    T* __restrict p3 = p2 + h;
+#pragma omp simd
+    for (int64_t j = 0; j < h; ++j) {
+      const T a = p0[j], b = p1[j], c = p2[j], e = p3[j];
+      const T s0 = a + b, s1 = a - b, s2 = c + e, s3 = c - e;
+      p0[j] = s0 + s2;
+      p1[j] = s1 + s3;
+      p2[j] = s0 - s2;
+      p3[j] = s1 - s3;
+    }
+  }
+}
+
+// One stage (span h) on x[0 : len), len a multiple of 2h.
+template <typename T>
+inline void radix2_stage(T* __restrict x, int64_t len, int64_t h) {
+  for (int64_t base = 0; base < len; base += 2 * h) {
+    T* __restrict p0 = x + base;
+    T* __restrict p1 = p0 + h;
+#pragma omp simd
+    for (int64_t j = 0; j < h; ++j) {
+      const T a = p0[j], b = p1[j];
+      p0[j] = a + b;
+      p1[j] = a - b;
+    }
+  }
+}
+
+// Stages with spans h_start, 2 h_start, ... < h_stop on x[0 : len).
+template <typename T>
+inline void stages(T* __restrict x, int64_t len, int64_t h_start, int64_t h_stop) {
+  int64_t h = h_start;
+  while (4 * h <= h_stop) {
+    radix4_stage(x, len, h);
+    h *= 4;
+  }
+  if (h < h_stop) radix2_stage(x, len, h);
+}
+
+template <typename T>
+constexpr int64_t block_elems() {
+  return 16384 / sizeof(T);  // 16 KiB: half of a 32 KiB L1 data cache
+}
+
+template <typename T>
+void fwht_row(const T* __restrict src, T* __restrict dst, int64_t d, T scale) {
+  if (d < 8) {
+    for (int64_t i = 0; i < d; ++i) dst[i] = src[i];
+    stages(dst, d, 1, d);
+  } else {
+    const int64_t block = std::min<int64_t>(d, block_elems<T>());
+    for (int64_t b = 0; b < d; b += block) {
+      radix8_first(src + b, dst + b, block);
+      stages(dst + b, block, 8, block);
+    }
+    stages(dst, d, block, d);
+  }
+  if (scale != T(1)) {
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) dst[i] *= scale;
+  }
+}
+
+template <typename T>
+void fwht_rows(const T* src, T* dst, int64_t rows, int64_t d, T scale) {
+  // Aim for >= ~64 KiB of work per task so that small batches stay on one thread.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / d);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) fwht_row(src + r * d, dst + r * d, d, scale);
+  });
+}
+
+torch::Tensor fwht_cpu(const torch::Tensor& x, bool normalized) {
+  // x: (rows, d) contiguous float32/float64 on the CPU, d a power of two.
+  const int64_t rows = x.size(0), d = x.size(1);
+  auto out = torch::empty_like(x);
+  if (rows == 0) return out;
+  if (x.scalar_type() == torch::kFloat) {
+    const float scale = normalized ? float(1.0 / std::sqrt(double(d))) : 1.0f;
+    fwht_rows<float>(x.data_ptr<float>(), out.data_ptr<float>(), rows, d, scale);
+  } else {
+    const double scale = normalized ? 1.0 / std::sqrt(double(d)) : 1.0;
+    fwht_rows<double>(x.data_ptr<double>(), out.data_ptr<double>(), rows, d, scale);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- fused LookupFFN
+// For each token t and table k (eqs. 12-14 and 20 of Zeng et al., 2024):
+//   code_k   = sum_j [z_kj > 0] 2^j                          (decimal(sign z_k))
+//   weight_k = prod_j sigma(2 |z_kj|)                          (eq. 13, top numerator over
+//                                                               the eq. 11 denominator)
+//            * sum_j |z_kj|         if scaled                  (eq. 20: <z_k, S_code>)
+//   y_t      = sum_k weight_k T_k[code_k]
+// Per token: one pass over its h*tau soft codes (vectorised exponentials), then h
+// contiguous row reads of d floats accumulated into y_t (which stays in L1), with the
+// row of table k + kPrefetch prefetched. Nothing of size (tokens, h, d) is formed.
+
+constexpr int kPrefetch = 4;
+
+template <typename T>
+void lookup_token(const T* __restrict z, const T* __restrict tables, T* __restrict y,
+                  T* __restrict expo, int64_t* __restrict codes, T* __restrict weights,
+                  int64_t h, int64_t tau, int64_t d, bool scaled) {
+  const int64_t ht = h * tau;
+#pragma omp simd
+  for (int64_t i = 0; i < ht; ++i) expo[i] = std::exp(T(-2) * std::abs(z[i]));
+  const int64_t rows_per_table = int64_t(1) << tau;
+  for (int64_t k = 0; k < h; ++k) {
+    int64_t code = 0;
+    T denom = T(1), s = T(0);
+    for (int64_t j = 0; j < tau; ++j) {
+      const T v = z[k * tau + j];
+      code |= int64_t(v > T(0)) << j;
+      denom *= T(1) + expo[k * tau + j];
+      s += std::abs(v);
+    }
+    codes[k] = (k * rows_per_table + code) * d;
+    weights[k] = scaled ? s / denom : T(1) / denom;
+  }
+  for (int64_t c = 0; c < d; ++c) y[c] = T(0);
+  for (int64_t k = 0; k < h; ++k) {
+    if (k + kPrefetch < h) {
+      const char* ahead = reinterpret_cast<const char*>(tables + codes[k + kPrefetch]);
+      for (int64_t off = 0; off < d * int64_t(sizeof(T)); off += 64)
+        __builtin_prefetch(ahead + off, 0, 1);
+    }
+    const T* __restrict row = tables + codes[k];
+    const T w = weights[k];
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) y[c] += w * row[c];
+  }
+}
+
+template <typename T>
+void lookup_tokens(const T* z, const T* tables, T* y, int64_t n, int64_t h, int64_t tau,
+                   int64_t d, bool scaled) {
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    std::vector<T> expo(h * tau), weights(h);
+    std::vector<int64_t> codes(h);
+    for (int64_t t = begin; t < end; ++t)
+      lookup_token<T>(z + t * h * tau, tables, y + t * d, expo.data(), codes.data(),
+                      weights.data(), h, tau, d, scaled);
+  });
+}
+
+torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& tables,
+                                 bool scaled) {
+  // z: (n, h*tau), tables: (h, 2^tau, d); both contiguous, same float dtype, CPU.
+  const int64_t n = z.size(0), h = tables.size(0), d = tables.size(2);
+  const int64_t tau = z.size(1) / h;
+  auto y = torch::empty({n, d}, z.options());
+  if (n == 0) return y;
+  if (z.scalar_type() == torch::kFloat) {
+    lookup_tokens<float>(z.data_ptr<float>(), tables.data_ptr<float>(), y.data_ptr<float>(),
+                         n, h, tau, d, scaled);
+  } else {
+    lookup_tokens<double>(z.data_ptr<double>(), tables.data_ptr<double>(),
+                          y.data_ptr<double>(), n, h, tau, d, scaled);
+  }
+  return y;
+}
+
+// Gather only (weights given): y_t = sum_k w_tk T_k[codes_tk]; used by the benchmark to
+// time the gather step on its own (Table 6's breakdown).
+template <typename T>
+void gather_tokens(const int64_t* codes, const T* weights, const T* tables, T* y, int64_t n,
+                   int64_t h, int64_t rows_per_table, int64_t d) {
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      T* __restrict yt = y + t * d;
+      const int64_t* ct = codes + t * h;
+      const T* wt = weights + t * h;
+      for (int64_t c = 0; c < d; ++c) yt[c] = T(0);
+      for (int64_t k = 0; k < h; ++k) {
+        if (k + kPrefetch < h) {
+          const char* ahead =
+              reinterpret_cast<const char*>(tables + ((k + kPrefetch) * rows_per_table +
+                                                      ct[k + kPrefetch]) * d);
+          for (int64_t off = 0; off < d * int64_t(sizeof(T)); off += 64)
+            __builtin_prefetch(ahead + off, 0, 1);
+        }
+        const T* __restrict row = tables + (k * rows_per_table + ct[k]) * d;
+        const T w = wt[k];
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) yt[c] += w * row[c];
+      }
+    }
+  });
+}
+
+torch::Tensor gather_cpu(const torch::Tensor& codes, const torch::Tensor& weights,
+                         const torch::Tensor& tables) {
+  // codes: (n, h) int64 in [0, 2^tau); weights: (n, h); tables: (h, 2^tau, d).
+  const int64_t n = codes.size(0), h = tables.size(0), rows = tables.size(1),
+                d = tables.size(2);
+  auto y = torch::empty({n, d}, tables.options());
+  if (n == 0) return y;
+  if (tables.scalar_type() == torch::kFloat) {
+    gather_tokens<float>(codes.data_ptr<int64_t>(), weights.data_ptr<float>(),
+                         tables.data_ptr<float>(), y.data_ptr<float>(), n, h, rows, d);
+  } else {
+    gather_tokens<double>(codes.data_ptr<int64_t>(), weights.data_ptr<double>(),
+                          tables.data_ptr<double>(), y.data_ptr<double>(), n, h, rows, d);
+  }
+  return y;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "CPU kernels of chapter 5: FWHT and the fused LookupFFN inference kernel";
+  m.def("fwht", &fwht_cpu, "Walsh-Hadamard transform of the rows of a (rows, d) tensor",
+        pybind11::arg("x"), pybind11::arg("normalized"));
+  m.def("lookup_forward", &lookup_forward_cpu,
+        "Fused LookupFFN inference: codes, weights and gather-accumulate",
+        pybind11::arg("z"), pybind11::arg("tables"), pybind11::arg("scaled"));
+  m.def("gather", &gather_cpu, "Weighted gather-accumulate of table rows",
+        pybind11::arg("codes"), pybind11::arg("weights"), pybind11::arg("tables"));
+}

@@ -1,0 +1,637 @@
+"""LookupFFN: a feed-forward layer as differentiable table lookups (Zeng et al., 2024).
+
+This module is the second half of the package side of chapter 5
+(``chapters/05_lookupffn.ipynb``). For an input :math:`x \\in \\mathbb R^{d}` a LookupFFN
+computes ``h`` *soft hash codes* :math:`z_k = x R_k \\in \\mathbb R^{\\tau}` with one
+projection :math:`R \\in \\mathbb R^{d \\times h\\tau}` (dense or BH4, see
+:mod:`kernels.hadamard`), turns each into an integer (eqs. 7, 12, 14)
+
+.. math:: g(z_k) = \\arg\\max_i \\langle z_k, [S]_i\\rangle = \\mathrm{decimal}(\\mathrm{sign}\\, z_k)
+          = \\textstyle\\sum_j [z_{kj} > 0]\\, 2^j,
+
+reads row :math:`g(z_k)` of a learnable table :math:`T_k \\in \\mathbb R^{2^\\tau \\times
+d_{out}}` and sums the rows weighted by the top softmax numerator over the closed-form
+denominator (eqs. 11, 13):
+
+.. math:: y = \\sum_{k=1}^h w_k\\, [T_k]_{g(z_k)}, \\qquad
+          w_k = \\frac{e^{\\langle z_k, S_{g}\\rangle}}{\\prod_j (e^{z_{kj}} + e^{-z_{kj}})}
+              = \\prod_{j=1}^{\\tau} \\sigma(2 |z_{kj}|),
+
+times :math:`\\langle z_k, S_g\\rangle = \\sum_j |z_{kj}|` in the linearly scaled
+variant of eq. 20 (``scaled=True``, the GELU-like one the paper trains with). Here
+:math:`S \\in \\{\\pm 1\\}^{2^\\tau \\times \\tau}` has :math:`[S]_{ij} = +1` when bit
+``j`` of ``i`` is set (:func:`sign_matrix`).
+
+What is here:
+
+* the pieces, each checkable on its own: :func:`sign_matrix`, :func:`hash_codes`,
+  :func:`lookup_weights`, and the full softmax of eq. 10 (:func:`lookup_softmax`);
+* :func:`lookup_gather`: the training path, a custom autograd Function
+  (:class:`LookupGatherFunction`) whose forward is one ``embedding_bag`` and whose
+  backward gives gradients to the gathered table rows and to ``z`` (hence to the
+  projection), checked by ``torch.autograd.gradcheck`` in ``tests/test_lookup.py``;
+* :func:`lookup_gather_naive`: the literal formula with every ``(tokens, h, d_out)``
+  row materialised -- the reference and the "naive" timing baseline;
+* :func:`lookup_forward_fused`: the fused, multi-threaded C++ inference kernel
+  (codes, weights and gather-accumulate in one pass per token, nothing per-table
+  materialised), built by :mod:`kernels._ext`;
+* :class:`LookupFFN`, and the baselines of the chapter's language model:
+  :class:`VanillaFFN`, :class:`BlockDiagonalFFN` (grouped linear + channel shuffle) and
+  :class:`Top1MoEFFN` (switch-style top-1 mixture of experts);
+* FLOP accounting that reproduces the paper's MFLOP columns: :func:`lookup_ffn_flops`,
+  :func:`vanilla_ffn_flops`, :func:`block_diagonal_ffn_flops`, :func:`moe_ffn_flops`.
+
+Layout: tokens are rows of ``(..., d)`` tensors; ``z`` is ``(..., h * tau)`` with table
+``k`` reading ``z[..., k * tau : (k + 1) * tau]``; tables are ``(h, 2**tau, d_out)``.
+Bit ``j`` of a code is coordinate ``j`` of ``z_k``.
+
+Reference: Zeng, Davies, Pulijala, Sankaralingam and Singh (2024), *LookupFFN: Making
+Transformers Compute-lite for CPU Inference*, ICML (``zeng2024lookupffn``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kernels._checks import check_choice, check_positive_int, check_tensor
+from kernels.hadamard import BHProjection, DenseProjection, projection_flops
+
+__all__ = [
+    "sign_matrix",
+    "hash_codes",
+    "lookup_weights",
+    "lookup_softmax",
+    "lookup_gather",
+    "lookup_gather_naive",
+    "lookup_forward_fused",
+    "gather_fused",
+    "LookupGatherFunction",
+    "LookupFFN",
+    "VanillaFFN",
+    "BlockDiagonalFFN",
+    "Top1MoEFFN",
+    "table_bytes",
+    "lookup_ffn_flops",
+    "vanilla_ffn_flops",
+    "block_diagonal_ffn_flops",
+    "moe_ffn_flops",
+    "LOOKUP_BACKENDS",
+    "MAX_TAU",
+    "DEFAULT_MAX_TABLE_BYTES",
+]
+
+#: Implementations of :meth:`LookupFFN.forward`.
+LOOKUP_BACKENDS = ("auto", "torch", "naive", "fused")
+#: Codes are int64 and a table has ``2**tau`` rows; beyond this nothing fits anyway.
+MAX_TAU = 40
+#: Default cap on the memory of a LookupFFN's tables (4 GiB).
+DEFAULT_MAX_TABLE_BYTES = 4 << 30
+
+
+def _check_z(z: Any, tau: int) -> Tensor:
+    check_tensor("z", z, finite=False)
+    if z.ndim == 0 or z.shape[-1] % tau:
+        raise ValueError(
+            f"z must have a last dimension h * tau divisible by tau={tau}, got shape "
+            f"{tuple(z.shape)}"
+        )
+    return z
+
+
+def _check_tau(tau: Any) -> int:
+    tau = check_positive_int("tau", tau)
+    if tau > MAX_TAU:
+        raise ValueError(f"tau must be <= {MAX_TAU}, got {tau}")
+    return tau
+
+
+def _check_tables(tables: Any) -> tuple[int, int, int]:
+    check_tensor("tables", tables, ndim=3, finite=False)
+    h, rows, d_out = tables.shape
+    if rows < 2 or rows & (rows - 1):
+        raise ValueError(
+            f"tables must have shape (h, 2**tau, d_out) with tau >= 1, got {tuple(tables.shape)}"
+        )
+    return h, rows.bit_length() - 1, d_out
+
+
+def _check_z_tables(z: Any, tables: Any) -> tuple[int, int, int]:
+    h, tau, d_out = _check_tables(tables)
+    _check_z(z, tau)
+    if z.shape[-1] != h * tau:
+        raise ValueError(
+            f"z must have last dimension h * tau = {h} * {tau} = {h * tau} to match tables "
+            f"of shape {tuple(tables.shape)}, got {z.shape[-1]}"
+        )
+    if z.dtype != tables.dtype:
+        raise TypeError(f"z and tables must have the same dtype, got {z.dtype} and {tables.dtype}")
+    return h, tau, d_out
+
+
+def sign_matrix(tau: int, dtype: torch.dtype = torch.float64) -> Tensor:
+    """:math:`S \\in \\{\\pm1\\}^{2^\\tau \\times \\tau}` of eq. 9: row ``i`` is the binary
+    representation of ``i`` (bit ``j`` -> column ``j``, set -> +1, clear -> -1)."""
+    tau = _check_tau(tau)
+    if tau > 20:
+        raise ValueError(f"sign_matrix is for checks; tau={tau} would have 2**{tau} rows")
+    i = torch.arange(2**tau)[:, None]
+    bits = (i >> torch.arange(tau)[None, :]) & 1
+    return (2 * bits - 1).to(dtype)
+
+
+def hash_codes(z: Tensor, tau: int) -> Tensor:
+    """Eq. 7/12: ``decimal(sign z_k)`` for each table: ``(..., h * tau)`` -> ``(..., h)`` int64.
+
+    A coordinate exactly 0 counts as negative (any tie-break is an argmax of eq. 8).
+    :math:`O(h\\tau)` per token.
+    """
+    tau = _check_tau(tau)
+    _check_z(z, tau)
+    bits = (z > 0).reshape(*z.shape[:-1], -1, tau).to(torch.int64)
+    powers = torch.ones(tau, dtype=torch.int64, device=z.device) << torch.arange(
+        tau, device=z.device
+    )
+    return (bits * powers).sum(-1)
+
+
+def lookup_weights(z: Tensor, tau: int, scaled: bool = True) -> Tensor:
+    """Weights of eqs. 13/20: ``(..., h * tau)`` -> ``(..., h)``.
+
+    :math:`w_k = e^{\\langle z_k, S_g\\rangle} / \\prod_j (e^{z_{kj}} + e^{-z_{kj}}) =
+    \\prod_j \\sigma(2|z_{kj}|)` (the stable form), times :math:`\\sum_j |z_{kj}|` when
+    ``scaled`` (eq. 20). Differentiable by autograd.
+    """
+    tau = _check_tau(tau)
+    _check_z(z, tau)
+    a = z.abs().reshape(*z.shape[:-1], -1, tau)
+    w = torch.exp(F.logsigmoid(2 * a).sum(-1))
+    return w * a.sum(-1) if scaled else w
+
+
+def lookup_softmax(z: Tensor, tables: Tensor) -> Tensor:
+    """Eq. 10: the full softmax over all :math:`2^\\tau` rows of every table.
+
+    :math:`\\hat y^* = \\sum_k \\sum_i \\mathrm{softmax}_i(\\langle z_k, S_i\\rangle) [T_k]_i`.
+    Cost :math:`O(h 2^\\tau (\\tau + d_{out}))` per token: the impractical formulation the
+    top-numerator approximation avoids; for checks with small ``tau``.
+    """
+    h, tau, d_out = _check_z_tables(z, tables)
+    s = sign_matrix(tau, dtype=z.dtype).to(z.device)
+    logits = z.reshape(*z.shape[:-1], h, tau) @ s.T  # (..., h, 2^tau)
+    return torch.einsum("...ki,kid->...d", torch.softmax(logits, dim=-1), tables)
+
+
+def lookup_gather_naive(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
+    """Eqs. 13/20 written literally, every gathered row materialised.
+
+    Numerator :math:`e^{\\langle z_k, S_g\\rangle}` and denominator
+    :math:`\\prod_j (e^{z_{kj}} + e^{-z_{kj}})` are computed as written (they overflow
+    for large ``|z|``: use float64 for checks), the rows ``tables[k, g_k]`` are gathered
+    into a ``(..., h, d_out)`` tensor and summed. The reference of the tests and the
+    "naive" baseline of the benchmark. Differentiable by autograd.
+    """
+    h, tau, d_out = _check_z_tables(z, tables)
+    zk = z.reshape(*z.shape[:-1], h, tau)
+    codes = hash_codes(z, tau)
+    top = zk.abs().sum(-1)  # <z_k, S_g> = sum_j |z_kj| at the argmax
+    w = torch.exp(top) / torch.prod(torch.exp(zk) + torch.exp(-zk), dim=-1)
+    if scaled:
+        w = w * top
+    rows = tables[torch.arange(h, device=z.device), codes]  # (..., h, d_out)
+    return (w.unsqueeze(-1) * rows).sum(-2)
+
+
+class LookupGatherFunction(torch.autograd.Function):
+    """``y = sum_k w_k(z_k) T_k[g(z_k)]`` with a hand-written backward.
+
+    Forward: codes and weights, then one ``F.embedding_bag`` (mode ``sum`` with
+    per-sample weights) over the flattened tables -- no ``(tokens, h, d_out)`` tensor.
+    Backward, with :math:`G` the output gradient of a token (the codes are piecewise
+    constant in ``z``, so they carry no gradient):
+
+    * :math:`\\partial L / \\partial [T_k]_{g_k} \\mathrel{+}= w_k G` (a scatter-add);
+    * :math:`\\partial L / \\partial z_{kj} = \\langle G, [T_k]_{g_k}\\rangle\\, \\partial w_k /
+      \\partial z_{kj}` with :math:`\\partial w_k/\\partial z_{kj} = w_k\\, \\mathrm{sign}(z_{kj})
+      (1 - \\tanh|z_{kj}|)` for eq. 13 and, for eq. 20 (:math:`w'_k = s_k w_k`,
+      :math:`s_k = \\sum_j |z_{kj}|`),
+      :math:`\\mathrm{sign}(z_{kj})\\, w_k\\, (1 + s_k (1 - \\tanh|z_{kj}|))`.
+
+    The inner products :math:`\\langle G, [T_k]_{g_k}\\rangle` are computed in chunks of
+    tokens so that the gathered rows never exceed ~16 Mi entries at once.
+    Once differentiable.
+    """
+
+    @staticmethod
+    def forward(z: Tensor, tables: Tensor, scaled: bool) -> Tensor:  # type: ignore[override]
+        h, rows, d_out = tables.shape
+        tau = rows.bit_length() - 1
+        lead = z.shape[:-1]
+        z2 = z.reshape(-1, h * tau)
+        codes = hash_codes(z2, tau)
+        flat = codes + rows * torch.arange(h, device=z.device)
+        w = lookup_weights(z2, tau, scaled)
+        y = F.embedding_bag(
+            flat, tables.reshape(h * rows, d_out), mode="sum", per_sample_weights=w
+        )
+        return y.reshape(*lead, d_out)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        z, tables, scaled = inputs
+        ctx.scaled = scaled
+        ctx.save_for_backward(z, tables)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_y: Tensor) -> tuple[Optional[Tensor], Optional[Tensor], None]:
+        z, tables = ctx.saved_tensors
+        h, rows, d_out = tables.shape
+        tau = rows.bit_length() - 1
+        z2 = z.reshape(-1, h, tau)
+        g = grad_y.reshape(-1, d_out)
+        n = z2.shape[0]
+        flat = hash_codes(z2.reshape(n, h * tau), tau) + rows * torch.arange(h, device=z.device)
+        a = z2.abs()
+        w = torch.exp(F.logsigmoid(2 * a).sum(-1))  # (n, h), eq. 13
+        s = a.sum(-1)
+        grad_z = grad_t = None
+        if ctx.needs_input_grad[1]:
+            weight = w * s if ctx.scaled else w
+            contrib = (weight.unsqueeze(-1) * g.unsqueeze(1)).reshape(n * h, d_out)
+            grad_t = torch.zeros(h * rows, d_out, dtype=tables.dtype, device=tables.device)
+            grad_t.index_add_(0, flat.reshape(-1), contrib)
+            grad_t = grad_t.reshape(h, rows, d_out)
+        if ctx.needs_input_grad[0]:
+            table_rows = tables.reshape(h * rows, d_out)
+            dots = torch.empty(n, h, dtype=z.dtype, device=z.device)
+            chunk = max(1, (1 << 24) // max(1, h * d_out))
+            for start in range(0, n, chunk):
+                stop = min(n, start + chunk)
+                gathered = table_rows[flat[start:stop]]  # (chunk, h, d_out)
+                dots[start:stop] = torch.einsum("nkd,nd->nk", gathered, g[start:stop])
+            one_minus_tanh = 1 - torch.tanh(a)
+            if ctx.scaled:
+                dw = w.unsqueeze(-1) * (1 + s.unsqueeze(-1) * one_minus_tanh)
+            else:
+                dw = w.unsqueeze(-1) * one_minus_tanh
+            grad_z = (dots.unsqueeze(-1) * torch.sign(z2) * dw).reshape(z.shape)
+        return grad_z, grad_t, None
+
+
+def lookup_gather(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
+    """Eqs. 13/20 with the top numerator: ``z`` ``(..., h * tau)``, ``tables``
+    ``(h, 2**tau, d_out)`` -> ``(..., d_out)``.
+
+    The training path: differentiable in ``z`` and ``tables`` through
+    :class:`LookupGatherFunction`. Cost :math:`O(h(\\tau + d_{out}))` per token.
+    Derived in chapter 5, section "From hashing to learnable lookups".
+    """
+    _check_z_tables(z, tables)
+    if not isinstance(scaled, bool):
+        raise TypeError(f"scaled must be a bool, got {scaled!r}")
+    return LookupGatherFunction.apply(z, tables, scaled)
+
+
+def _check_fused_inputs(z: Any, tables: Any) -> None:
+    for name, value in (("z", z), ("tables", tables)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        if value.dtype not in (torch.float32, torch.float64):
+            raise TypeError(
+                f"the fused kernel needs {name} as float32 or float64, got {value.dtype}"
+            )
+        if value.device.type != "cpu":
+            raise ValueError(f"the fused kernel runs on the CPU; {name} is on {value.device}")
+        if not value.is_contiguous():
+            raise ValueError(
+                f"the fused kernel needs a contiguous {name} (call .contiguous()); got "
+                f"strides {value.stride()} for shape {tuple(value.shape)}"
+            )
+    if z.ndim != 2:
+        raise ValueError(f"z must have shape (tokens, h * tau) for the fused kernel, got {tuple(z.shape)}")
+
+
+def lookup_forward_fused(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
+    """Fused C++ inference kernel: :func:`lookup_gather`'s forward in one pass per token.
+
+    ``z``: ``(tokens, h * tau)``, ``tables``: ``(h, 2**tau, d_out)``, both contiguous
+    CPU float32/float64 of the same dtype (anything else is a clear error; no silent
+    copies). Per token it computes the ``h`` codes and weights (vectorised
+    exponentials), then accumulates the ``h`` rows into the output row, which stays in
+    L1, prefetching the row ``4`` tables ahead; tokens are spread over torch's threads.
+    No gradients. Raises ``RuntimeError`` when the extension cannot be built.
+    """
+    _check_fused_inputs(z, tables)
+    _check_z_tables(z, tables)
+    if not isinstance(scaled, bool):
+        raise TypeError(f"scaled must be a bool, got {scaled!r}")
+    from kernels._ext import build
+
+    with torch.no_grad():
+        return build().lookup_forward(z, tables, scaled)
+
+
+def gather_fused(codes: Tensor, weights: Tensor, tables: Tensor) -> Tensor:
+    """The gather step alone (C++): ``y_t = sum_k weights[t, k] tables[k, codes[t, k]]``.
+
+    ``codes`` ``(tokens, h)`` int64 in ``[0, 2**tau)``, ``weights`` ``(tokens, h)`` and
+    ``tables`` ``(h, 2**tau, d_out)`` contiguous CPU tensors. Used to time the gather
+    on its own (the paper's Table 6 breakdown). Codes are range-checked.
+    """
+    h, tau, d_out = _check_tables(tables)
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int64:
+        raise TypeError("codes must be an int64 tensor")
+    if codes.ndim != 2 or codes.shape[1] != h:
+        raise ValueError(f"codes must have shape (tokens, {h}), got {tuple(codes.shape)}")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 2**tau):
+        raise ValueError(f"codes must lie in [0, {2**tau}), got values outside")
+    _check_fused_inputs(weights, tables)
+    if weights.shape != codes.shape or weights.dtype != tables.dtype:
+        raise ValueError("weights must have the shape of codes and the dtype of tables")
+    if not codes.is_contiguous():
+        raise ValueError("codes must be contiguous")
+    from kernels._ext import build
+
+    with torch.no_grad():
+        return build().gather(codes, weights, tables)
+
+
+def table_bytes(h: int, tau: int, d_out: int, dtype: torch.dtype = torch.float32) -> int:
+    """Memory of the tables of a LookupFFN: :math:`h\\, 2^\\tau d_{out}` entries."""
+    h = check_positive_int("h", h)
+    tau = _check_tau(tau)
+    d_out = check_positive_int("d_out", d_out)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return h * (1 << tau) * d_out * itemsize
+
+
+def _format_bytes(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+class LookupFFN(nn.Module):
+    """A LookupFFN layer: projection to ``h`` soft codes of ``tau`` bits, table lookups.
+
+    ``projection``: ``"bh4"`` (eq. 19 with blocks of ``block``), ``"dense"``, or any
+    module mapping ``(..., d_model)`` to ``(..., h * tau)`` with an ``out_features``
+    attribute. ``scaled``: eq. 20 (default, GELU-like) or eq. 13. Tables are
+    ``(h, 2**tau, d_out)``, initialised :math:`\\mathcal N(0, 1/(h\\tau))`; creating them
+    fails with a message saying how much memory they would need when that exceeds
+    ``max_table_bytes``.
+
+    ``forward(x, backend="auto")``: ``"auto"`` uses the fused C++ kernel for float32/64
+    CPU inputs when no gradient is needed (``torch.no_grad`` or ``inference_mode``) and
+    the extension is available, the autograd path (:func:`lookup_gather`) otherwise;
+    ``"torch"``, ``"naive"`` and ``"fused"`` force one implementation.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        h: int,
+        tau: int,
+        *,
+        d_out: Optional[int] = None,
+        projection: Union[str, nn.Module] = "bh4",
+        block: int = 64,
+        scaled: bool = True,
+        max_table_bytes: int = DEFAULT_MAX_TABLE_BYTES,
+        generator: Optional[torch.Generator] = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.h = check_positive_int("h", h)
+        self.tau = _check_tau(tau)
+        self.d_out = check_positive_int("d_out", d_out if d_out is not None else d_model)
+        self.block = check_positive_int("block", block)
+        if not isinstance(scaled, bool):
+            raise TypeError(f"scaled must be a bool, got {scaled!r}")
+        self.scaled = scaled
+        need = table_bytes(self.h, self.tau, self.d_out, dtype)
+        max_table_bytes = check_positive_int("max_table_bytes", max_table_bytes)
+        if need > max_table_bytes:
+            raise ValueError(
+                f"tau={self.tau} is too large for memory: h * 2**tau * d_out = {self.h} * "
+                f"2**{self.tau} * {self.d_out} entries would need {_format_bytes(need)} of "
+                f"tables, more than max_table_bytes={_format_bytes(max_table_bytes)}; lower "
+                "tau or h, or raise max_table_bytes"
+            )
+        ht = self.h * self.tau
+        if isinstance(projection, nn.Module):
+            out = getattr(projection, "out_features", None)
+            if out != ht:
+                raise ValueError(
+                    f"projection must map to h * tau = {self.h} * {self.tau} = {ht} features, "
+                    f"got a {type(projection).__name__} with out_features={out}"
+                )
+            self.projection = projection
+            self.projection_kind = "custom"
+        else:
+            kind = check_choice("projection", projection, ("bh4", "dense"))
+            self.projection_kind = kind
+            if kind == "bh4":
+                self.projection = BHProjection(
+                    self.d_model, ht, block, 4, generator=generator, dtype=dtype
+                )
+            else:
+                self.projection = DenseProjection(self.d_model, ht, generator=generator, dtype=dtype)
+        tables = torch.randn(self.h, 2**self.tau, self.d_out, generator=generator, dtype=dtype)
+        self.tables = nn.Parameter(tables / math.sqrt(ht))
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, h={self.h}, tau={self.tau}, d_out={self.d_out}, "
+            f"projection={self.projection_kind}, scaled={self.scaled}"
+        )
+
+    def codes(self, x: Tensor) -> Tensor:
+        """Soft hash codes ``z = x R``: ``(..., d_model)`` -> ``(..., h * tau)``."""
+        return self.projection(x)
+
+    def forward(self, x: Tensor, backend: str = "auto") -> Tensor:
+        check_choice("backend", backend, LOOKUP_BACKENDS)
+        z = self.projection(x)
+        if backend == "auto":
+            fast = (
+                not torch.is_grad_enabled() or not (x.requires_grad or self.tables.requires_grad)
+            ) and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+            backend = "torch"
+            if fast:
+                from kernels._ext import load_extension
+
+                if load_extension() is not None:
+                    backend = "fused"
+        if backend == "torch":
+            return lookup_gather(z, self.tables, self.scaled)
+        if backend == "naive":
+            return lookup_gather_naive(z, self.tables, self.scaled)
+        lead = z.shape[:-1]
+        y = lookup_forward_fused(
+            z.detach().reshape(-1, z.shape[-1]).contiguous(), self.tables.detach(), self.scaled
+        )
+        return y.reshape(*lead, self.d_out)
+
+    def flops(self) -> dict[str, int]:
+        """Per-token FLOP of hash and gather (see :func:`lookup_ffn_flops`)."""
+        kind = "dense" if self.projection_kind == "dense" else "bh4"
+        return lookup_ffn_flops(
+            self.d_model, self.h, self.tau, block=self.block, projection=kind, d_out=self.d_out
+        )
+
+
+class VanillaFFN(nn.Module):
+    """Eq. 3: :math:`y = \\mathrm{GELU}(x W_1 + b_1) W_2 + b_2`, ``d_model -> hidden -> d_model``."""
+
+    def __init__(
+        self,
+        d_model: int,
+        hidden: int,
+        *,
+        generator: Optional[torch.Generator] = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.hidden = check_positive_int("hidden", hidden)
+        self.w1 = nn.Parameter(torch.randn(d_model, hidden, generator=generator, dtype=dtype) / math.sqrt(d_model))
+        self.b1 = nn.Parameter(torch.zeros(hidden, dtype=dtype))
+        self.w2 = nn.Parameter(torch.randn(hidden, d_model, generator=generator, dtype=dtype) / math.sqrt(hidden))
+        self.b2 = nn.Parameter(torch.zeros(d_model, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.addmm(self.b2, F.gelu(torch.addmm(self.b1, x.reshape(-1, self.d_model), self.w1)), self.w2).reshape(x.shape)
+
+
+class BlockDiagonalFFN(nn.Module):
+    """Grouped FFN with a channel shuffle (ShuffleNet, Remark 3.2): ``groups`` independent
+    ``d/g -> hidden/g`` GELU FFN halves, the hidden channels shuffled between groups
+    before the second grouped layer. ``1/groups`` of the vanilla FLOP."""
+
+    def __init__(
+        self,
+        d_model: int,
+        hidden: int,
+        groups: int = 2,
+        *,
+        generator: Optional[torch.Generator] = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.hidden = check_positive_int("hidden", hidden)
+        self.groups = check_positive_int("groups", groups)
+        if d_model % groups or hidden % groups:
+            raise ValueError(f"groups={groups} must divide d_model={d_model} and hidden={hidden}")
+        di, hi = d_model // groups, hidden // groups
+        self.w1 = nn.Parameter(torch.randn(groups, di, hi, generator=generator, dtype=dtype) / math.sqrt(di))
+        self.b1 = nn.Parameter(torch.zeros(groups, 1, hi, dtype=dtype))
+        self.w2 = nn.Parameter(torch.randn(groups, hi, di, generator=generator, dtype=dtype) / math.sqrt(hi))
+        self.b2 = nn.Parameter(torch.zeros(d_model, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        g = self.groups
+        xs = x.reshape(-1, g, self.d_model // g).transpose(0, 1)  # (g, n, d/g)
+        hid = F.gelu(torch.baddbmm(self.b1, xs, self.w1))  # (g, n, hidden/g)
+        n = hid.shape[1]
+        # channel shuffle: (g, n, g', c) -> (g', n, g, c)
+        hid = hid.reshape(g, n, g, -1).permute(2, 1, 0, 3).reshape(g, n, -1)
+        out = torch.bmm(hid, self.w2).transpose(0, 1).reshape(x.shape)
+        return out + self.b2
+
+
+class Top1MoEFFN(nn.Module):
+    """Switch-style top-1 mixture of experts: a linear router picks one of ``experts``
+    GELU FFNs (``d_model -> hidden_per_expert -> d_model``) per token and scales its
+    output by the router's softmax probability (Fedus et al., 2022). No capacity limit
+    or load-balancing loss (the chapter's models are small)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        hidden_per_expert: int,
+        experts: int = 4,
+        *,
+        generator: Optional[torch.Generator] = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.hidden = check_positive_int("hidden_per_expert", hidden_per_expert)
+        self.experts = check_positive_int("experts", experts)
+        e, d, hd = self.experts, self.d_model, self.hidden
+        self.router = nn.Parameter(torch.randn(d, e, generator=generator, dtype=dtype) / math.sqrt(d))
+        self.w1 = nn.Parameter(torch.randn(e, d, hd, generator=generator, dtype=dtype) / math.sqrt(d))
+        self.b1 = nn.Parameter(torch.zeros(e, hd, dtype=dtype))
+        self.w2 = nn.Parameter(torch.randn(e, hd, d, generator=generator, dtype=dtype) / math.sqrt(hd))
+        self.b2 = nn.Parameter(torch.zeros(e, d, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.d_model)
+        probs = torch.softmax(flat @ self.router, dim=-1)
+        top_p, top_e = probs.max(dim=-1)
+        out = torch.zeros_like(flat)
+        for e in range(self.experts):
+            idx = (top_e == e).nonzero(as_tuple=True)[0]
+            if idx.numel() == 0:
+                continue
+            xe = flat[idx]
+            ye = F.gelu(xe @ self.w1[e] + self.b1[e]) @ self.w2[e] + self.b2[e]
+            out.index_copy_(0, idx, ye * top_p[idx, None])
+        return out.reshape(x.shape)
+
+
+def vanilla_ffn_flops(d_model: int, hidden: int) -> int:
+    """FLOP per token of eq. 3: :math:`2 \\cdot 2 d\\, t` (two GEMMs; activation ignored).
+
+    ``d = 512``, ``t = 2048`` gives the paper's 4.19 MFLOP (Table 1)."""
+    return 4 * check_positive_int("d_model", d_model) * check_positive_int("hidden", hidden)
+
+
+def block_diagonal_ffn_flops(d_model: int, hidden: int, groups: int) -> int:
+    """FLOP per token of :class:`BlockDiagonalFFN`: vanilla / ``groups``."""
+    return vanilla_ffn_flops(d_model, hidden) // check_positive_int("groups", groups)
+
+
+def moe_ffn_flops(d_model: int, hidden_per_expert: int, experts: int) -> int:
+    """FLOP per token of :class:`Top1MoEFFN`: the router plus one expert."""
+    d = check_positive_int("d_model", d_model)
+    return 2 * d * check_positive_int("experts", experts) + vanilla_ffn_flops(d, hidden_per_expert)
+
+
+def lookup_ffn_flops(
+    d_model: int,
+    h: int,
+    tau: int,
+    *,
+    block: int = 64,
+    projection: str = "bh4",
+    d_out: Optional[int] = None,
+) -> dict[str, int]:
+    """FLOP per token of a LookupFFN, as the paper counts them (Tables 1-4).
+
+    ``hash``: the projection to ``h * tau`` soft codes (:func:`kernels.hadamard.projection_flops`,
+    BH4 or dense); ``gather``: :math:`2 h\\, d_{out}` (one multiply-add per gathered
+    entry); codes and weights (:math:`O(h\\tau)`) are not counted. Returns
+    ``{"hash", "gather", "total"}``. For ``d = 512``: ``(h, tau) = (128, 8)`` with BH4
+    blocks of 64 gives 0.56 + 0.13 = 0.69 MFLOP (Tables 1 and 3).
+    """
+    d = check_positive_int("d_model", d_model)
+    h = check_positive_int("h", h)
+    tau = _check_tau(tau)
+    d_out = check_positive_int("d_out", d_out if d_out is not None else d)
+    kind = check_choice("projection", projection, ("bh4", "dense"))
+    if kind == "bh4":
+        hash_f = projection_flops("bh", d, h * tau, block=block, m=4)
+    else:
+        hash_f = projection_flops("dense", d, h * tau)
+    gather_f = 2 * h * d_out
+    return {"hash": hash_f, "gather": gather_f, "total": hash_f + gather_f}
