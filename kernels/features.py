@@ -270,16 +270,34 @@ def _four_parts(weights: Tensor) -> list[Tensor]:
 _PART_PHASES = (1.0 + 0j, -1.0 + 0j, 1j, -1j)
 
 
-def sin_spectrum() -> Spectrum:
-    """sin u = (e^{iu} - e^{-iu}) / 2i: atoms at :math:`\\xi = \\pm 1/2\\pi` (Sec. 3.1, App. M)."""
-    xi = torch.tensor([1.0, -1.0], dtype=torch.float64) / (2 * math.pi)
-    return Spectrum("sin", xi, torch.tensor([-0.5j, 0.5j], dtype=torch.complex128), True)
+def _fold(spectrum: Spectrum) -> Spectrum:
+    """Use conjugate symmetry: for a real f, the atoms at -xi are the conjugates of those at
+    +xi, so Re sum_k a_k e^{2 pi i xi_k u} keeps its value when the negative atoms are
+    dropped and the positive ones doubled. Halves the number of random features."""
+    xi, a = spectrum.frequencies, spectrum.weights
+    keep = xi >= 0
+    weights = torch.where(xi[keep] > 0, 2 * a[keep], a[keep])
+    return Spectrum(spectrum.name, xi[keep], weights, spectrum.exact_atoms)
 
 
-def cos_spectrum() -> Spectrum:
-    """cos u = (e^{iu} + e^{-iu}) / 2: atoms at :math:`\\xi = \\pm 1/2\\pi`, weights 1/2."""
+def sin_spectrum(fold: bool = True) -> Spectrum:
+    """sin u = (e^{iu} - e^{-iu}) / 2i: atoms at :math:`\\xi = \\pm 1/2\\pi` (Sec. 3.1, App. M).
+
+    ``fold=False`` keeps the paper's binary distribution over :math:`\\pm 1/2\\pi`; the
+    default folds the pair into one atom at :math:`1/2\\pi` with weight :math:`-i`
+    (:math:`\\sin u = \\mathrm{Re}(-i e^{iu})`), which halves the features.
+    """
     xi = torch.tensor([1.0, -1.0], dtype=torch.float64) / (2 * math.pi)
-    return Spectrum("cos", xi, torch.tensor([0.5 + 0j, 0.5 + 0j], dtype=torch.complex128), True)
+    spec = Spectrum("sin", xi, torch.tensor([-0.5j, 0.5j], dtype=torch.complex128), True)
+    return _fold(spec) if fold else spec
+
+
+def cos_spectrum(fold: bool = True) -> Spectrum:
+    """cos u = (e^{iu} + e^{-iu}) / 2: atoms at :math:`\\xi = \\pm 1/2\\pi`, weights 1/2
+    (folded by default into one atom of weight 1, see :func:`sin_spectrum`)."""
+    xi = torch.tensor([1.0, -1.0], dtype=torch.float64) / (2 * math.pi)
+    spec = Spectrum("cos", xi, torch.tensor([0.5 + 0j, 0.5 + 0j], dtype=torch.complex128), True)
+    return _fold(spec) if fold else spec
 
 
 def _gelu_np(u: np.ndarray) -> np.ndarray:
@@ -314,7 +332,9 @@ def activation_spectrum(
     fast. The transform is computed by the trapezoid rule on a fine ``u`` grid and
     sampled at ``num_atoms`` frequencies in :math:`[-\\xi_{max}, \\xi_{max}]` (default
     :math:`\\xi_{max} = 3/(2\\pi s)`, where the smoothing factor is :math:`e^{-4.5}`); the
-    grid spacing keeps the period :math:`1/\\Delta\\xi` far beyond the window.
+    grid spacing keeps the period :math:`1/\\Delta\\xi` far beyond the window. The
+    negative frequencies are folded onto the positive ones (conjugate symmetry of a real
+    function's transform), which halves the features without changing the estimate's mean.
     :meth:`Spectrum.evaluate` of the result is :math:`\\approx f_{R,s}`, close to ``f``
     for :math:`|u| \\ll R`; the chapter shows how close.
 
@@ -353,7 +373,7 @@ def activation_spectrum(
         ft[start : start + 64] = np.trapezoid(phase * fu[None, :], u, axis=1)
     ft *= np.exp(-2 * (np.pi * s * xi) ** 2)
     weights = torch.as_tensor(ft * dxi, dtype=torch.complex128)
-    return Spectrum(f"{name}(R={r:g}, s={s:g})", torch.as_tensor(xi), weights, False)
+    return _fold(Spectrum(f"{name}(R={r:g}, s={s:g})", torch.as_tensor(xi), weights, False))
 
 
 def spectrum_from_name(activation: Union[str, Spectrum]) -> Spectrum:

@@ -150,12 +150,14 @@ def urf_per_draw(fmap: URFMap, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor
 
 
 @pytest.mark.parametrize("name", ["sin", "cos"])
-def test_urf_trig_unbiased_exact_atoms(name: str) -> None:
+@pytest.mark.parametrize("fold", [True, False])
+def test_urf_trig_unbiased_exact_atoms(name: str, fold: bool) -> None:
     d, m = 10, 4000
     x, w = points(4, d, 0), points(3, d, 1)
     b = torch.tensor([0.5, -1.0, 2.0], dtype=F64)
-    fmap = URFMap(d, name, m, generator=gen(2), dtype=F64)
-    assert fmap.out_features == 2 * 2 * m
+    spec = (sin_spectrum if name == "sin" else cos_spectrum)(fold=fold)
+    fmap = URFMap(d, spec, m, generator=gen(2), dtype=F64)
+    assert fmap.out_features == (2 * m if fold else 2 * 2 * m)  # [Re, Im] per atom
     per = urf_per_draw(fmap, x, w, b)
     fn = torch.sin if name == "sin" else torch.cos
     exact = fn(x @ w.T + b)
@@ -166,12 +168,14 @@ def test_urf_trig_unbiased_exact_atoms(name: str) -> None:
 
 def test_trig_spectra_are_exact() -> None:
     u = torch.linspace(-7, 7, 101, dtype=F64)
-    torch.testing.assert_close(sin_spectrum().evaluate(u), torch.sin(u))
-    torch.testing.assert_close(cos_spectrum().evaluate(u), torch.cos(u))
+    for fold in (True, False):
+        torch.testing.assert_close(sin_spectrum(fold).evaluate(u), torch.sin(u))
+        torch.testing.assert_close(cos_spectrum(fold).evaluate(u), torch.cos(u))
+    assert sin_spectrum(fold=False).frequencies.tolist() == [1 / (2 * math.pi), -1 / (2 * math.pi)]
 
 
 def test_urf_orthogonal_and_negative_a_unbiased() -> None:
-    d, m = 5, 2000  # m is a multiple of d: blocks do not straddle the two atoms
+    d, m = 5, 2000  # m is a multiple of d: blocks do not straddle atoms
     x, w = points(3, d, 7), points(2, d, 8)
     b = torch.tensor([0.5, 0.1], dtype=F64)
     fmap = URFMap(d, "sin", m, A=-0.2, orthogonal=True, generator=gen(9), dtype=F64)

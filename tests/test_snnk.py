@@ -63,8 +63,8 @@ def test_from_linear_estimates_the_layer(activation: str) -> None:
 
 def test_snnk_linear_parameters_and_shapes() -> None:
     layer = SNNKLinear(20, 7, 16, "sin", generator=gen(0))
-    assert layer.feature_map.out_features == 2 * 2 * 16  # two atoms, [Re, Im]
-    assert count_trainable(layer) == 7 * 64
+    assert layer.feature_map.out_features == 2 * 16  # one folded atom, [Re, Im]
+    assert count_trainable(layer) == 7 * 32
     assert [n for n, _ in layer.named_parameters()] == ["omega"]
     y = layer(torch.randn(2, 5, 20))
     assert y.shape == (2, 5, 7)
