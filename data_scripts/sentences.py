@@ -67,12 +67,14 @@ _FIRST_SENTENCE = re.compile(r"(.+?[.!?])(\s|$)")
 
 @dataclass(frozen=True)
 class SentenceTask:
-    """A labelled sentence classification split: ``texts[i]`` has label ``labels[i]``
-    (an index into ``label_names``)."""
+    """A labelled sentence classification split: ``texts[i]`` (with ``texts_b[i]`` for
+    a sentence-pair task) has label ``labels[i]``, an index into ``label_names``."""
 
     texts: tuple[str, ...]
     labels: np.ndarray
     label_names: tuple[str, ...]
+    #: second sentences of sentence-pair tasks (MNLI hypotheses), else None
+    texts_b: Optional[tuple[str, ...]] = None
 
     def __len__(self) -> int:
         return len(self.texts)
