@@ -11,8 +11,8 @@ This module is the package side of chapter 4 (``chapters/04_toeplitz.ipynb``). I
 * the sparse plus low-rank SKI-TNO of Algorithm 1 (:class:`SKITNO`): a depthwise
   convolution for the band near the diagonal and an asymmetric structured kernel
   interpolation :math:`W A W^\\top` for the smooth rest (:func:`ski_matvec`,
-  :func:`linear_interpolation_weights`, :func:`inverse_time_warp`,
-  :class:`PiecewiseLinearRPE`);
+  :func:`linear_interpolation_weights`, optionally :func:`cubic_interpolation_weights`,
+  :func:`inverse_time_warp`, :class:`PiecewiseLinearRPE`);
 * the frequency-domain FD-TNO of Algorithm 2 (:class:`FDTNO`): the RPE gives the
   kernel's frequency response, causality through the discrete Hilbert transform
   (:func:`discrete_hilbert`, :func:`causal_kernel_from_real_response`);
@@ -73,6 +73,8 @@ __all__ = [
     "inverse_time_warp",
     "inducing_points",
     "linear_interpolation_weights",
+    "cubic_interpolation_weights",
+    "interpolation_weights",
     "ski_matvec",
     "PiecewiseLinearRPE",
     "SKITNO",
@@ -90,6 +92,7 @@ __all__ = [
     "RPE_ACTIVATIONS",
     "RPE_FEATURES",
     "SKI_METHODS",
+    "SKI_INTERPOLATIONS",
 ]
 
 #: Token mixers accepted by :func:`make_tno`, :class:`TNNBlock` and :class:`TNNEncoder`.
@@ -102,6 +105,9 @@ RPE_ACTIVATIONS = ("relu", "gelu", "silu")
 RPE_FEATURES = ("omega", "cos")
 #: Ways :func:`ski_matvec` applies :math:`W A W^\top`.
 SKI_METHODS = ("sparse", "dense")
+#: Interpolation schemes of the SKI weights W: two-tap linear (the paper) or four-tap
+#: cubic convolution (Keys, a = -1/2; the paper mentions cubic as an option).
+SKI_INTERPOLATIONS = ("linear", "cubic")
 
 
 # --------------------------------------------------------------------------------------
@@ -699,6 +705,123 @@ def _dense_weights(grid: _InterpolationGrid, n: int, r: int) -> Tensor:
     return weights
 
 
+class _CubicTaps(NamedTuple):
+    """Four-tap cubic convolution from ``r`` inducing points to ``n`` tokens."""
+
+    index: Tensor  # (n, 4) long: taps k-1..k+2 as indices into the extended points -1..r (+1)
+    weight: Tensor  # (n, 4): Keys weights of those taps; every row sums to 1
+
+
+def _check_cubic_r(r: int) -> None:
+    if r < 3:
+        raise ValueError(
+            f"cubic interpolation needs rank r >= 3 inducing points (its boundary rule "
+            f"extrapolates from three), got r = {r}; use interpolation='linear'"
+        )
+
+
+def _cubic_taps(n: int, r: int, dtype: torch.dtype, device: torch.device) -> _CubicTaps:
+    # Token i sits at s = i (r - 1)/(n - 1) in inducing-point units, k = floor(s),
+    # f = s - k in [0, 1); the taps are the points k-1, k, k+1, k+2.
+    num = torch.arange(n, dtype=torch.long, device=device) * (r - 1)
+    k = torch.div(num, n - 1, rounding_mode="floor").clamp(max=r - 2)
+    f = ((num - k * (n - 1)).to(torch.float64) / (n - 1)).unsqueeze(1)
+    f2, f3 = f * f, f * f * f
+    # Keys' cubic convolution kernel with a = -1/2, evaluated at distances 1+f, f,
+    # 1-f and 2-f: third-order accurate, and it reproduces quadratics exactly.
+    weight = torch.cat(
+        [(-f3 + 2 * f2 - f) / 2, (3 * f3 - 5 * f2 + 2) / 2, (-3 * f3 + 4 * f2 + f) / 2, (f3 - f2) / 2],
+        dim=1,
+    )
+    # +1: extended index, position -1 is stored at 0.
+    index = k.unsqueeze(1) + torch.arange(4, device=device)
+    return _CubicTaps(index, weight.to(dtype))
+
+
+def _extend(z: Tensor) -> Tensor:
+    """``(B, r, c) -> (B, r + 2, c)``: Keys' boundary points :math:`z_{-1}, z_r`.
+
+    :math:`z_{-1} = 3z_0 - 3z_1 + z_2` and :math:`z_r = 3z_{r-1} - 3z_{r-2} + z_{r-3}`
+    extrapolate a quadratic through the three end points, which keeps the boundary
+    rows third-order accurate.
+    """
+    first = 3 * z[:, 0] - 3 * z[:, 1] + z[:, 2]
+    last = 3 * z[:, -1] - 3 * z[:, -2] + z[:, -3]
+    return torch.cat([first.unsqueeze(1), z, last.unsqueeze(1)], dim=1)
+
+
+def _extend_adjoint(z_ext: Tensor) -> Tensor:
+    """``(B, r + 2, c) -> (B, r, c)``: the transpose of :func:`_extend`."""
+    first, inner, last = z_ext[:, :1], z_ext[:, 1:-1], z_ext[:, -1:]
+    r = inner.shape[1]
+    fold = torch.zeros_like(inner)
+    fold = fold.index_add(1, torch.tensor([0, 1, 2], device=z_ext.device),
+                          torch.cat([3 * first, -3 * first, first], dim=1))
+    fold = fold.index_add(1, torch.tensor([r - 1, r - 2, r - 3], device=z_ext.device),
+                          torch.cat([3 * last, -3 * last, last], dim=1))
+    return inner + fold
+
+
+def _cubic_interpolate(z: Tensor, taps: _CubicTaps) -> Tensor:
+    """:math:`W z` for cubic :math:`W`: ``(B, r, c) -> (B, n, c)``, four gathers."""
+    z_ext = _extend(z)
+    out = taps.weight[:, 0, None] * z_ext[:, taps.index[:, 0]]
+    for j in range(1, 4):
+        out = out + taps.weight[:, j, None] * z_ext[:, taps.index[:, j]]
+    return out
+
+
+def _cubic_interpolate_adjoint(x3: Tensor, taps: _CubicTaps, r: int) -> Tensor:
+    """:math:`W^\\top x` for cubic :math:`W`: ``(B, n, c) -> (B, r, c)``, four scatter-adds."""
+    batch, _, c = x3.shape
+    z_ext = x3.new_zeros(batch, r + 2, c)
+    for j in range(4):
+        z_ext = z_ext.index_add(1, taps.index[:, j], taps.weight[:, j, None] * x3)
+    return _extend_adjoint(z_ext)
+
+
+def cubic_interpolation_weights(
+    n: int, r: int, *, dtype: Optional[torch.dtype] = None
+) -> Tensor:
+    """Dense cubic SKI interpolation matrix :math:`W \\in \\mathbb R^{n \\times r}`.
+
+    Row :math:`i` interpolates token position :math:`i` from the four inducing points
+    around it with Keys' cubic convolution kernel (:math:`a = -1/2`); at the two ends
+    the missing outer point is extrapolated, :math:`z_{-1} = 3z_0 - 3z_1 + z_2`. The
+    result reproduces every quadratic exactly, is third-order accurate (error
+    :math:`O(h^3)` in the spacing :math:`h`, against :math:`O(h^2)` for
+    :func:`linear_interpolation_weights`), and every row sums to 1. The paper
+    (Section 3.2.1) uses linear interpolation and names cubic as the alternative.
+    Needs :math:`3 \\le r \\le n`. :math:`O(nr)` memory; :func:`ski_matvec` with
+    ``method="sparse"`` applies it with four gathers instead. Derived in chapter 4
+    (chapters/04_toeplitz.ipynb), section "Sparse plus low rank: SKI-TNO".
+    """
+    n, r = _check_n_r(n, r)
+    _check_cubic_r(r)
+    dtype = _check_float_dtype("dtype", dtype)
+    return _cubic_dense(_cubic_taps(n, r, dtype, torch.device("cpu")), n, r)
+
+
+def _cubic_dense(taps: _CubicTaps, n: int, r: int) -> Tensor:
+    rows = torch.arange(n, device=taps.index.device).unsqueeze(1).expand(n, 4)
+    w_ext = taps.weight.new_zeros(n, r + 2)
+    w_ext.index_put_((rows.reshape(-1), taps.index.reshape(-1)), taps.weight.reshape(-1), accumulate=True)
+    # W = W_ext E with E the (r + 2, r) extension; W_ext E = (E^T W_ext^T)^T.
+    return _extend_adjoint(w_ext.T.unsqueeze(0)).squeeze(0).T.contiguous()
+
+
+def interpolation_weights(
+    n: int, r: int, *, interpolation: str = "linear", dtype: Optional[torch.dtype] = None
+) -> Tensor:
+    """Dense SKI weights :math:`W` (``(n, r)``) for ``interpolation`` in
+    :data:`SKI_INTERPOLATIONS`: :func:`linear_interpolation_weights` or
+    :func:`cubic_interpolation_weights`."""
+    interpolation = check_choice("interpolation", interpolation, SKI_INTERPOLATIONS)
+    if interpolation == "cubic":
+        return cubic_interpolation_weights(n, r, dtype=dtype)
+    return linear_interpolation_weights(n, r, dtype=dtype)
+
+
 def _interpolate(z: Tensor, n: int) -> Tensor:
     """:math:`W z`: ``(B, r, c)`` -> ``(B, n, c)``, linear interpolation, aligned ends.
 
@@ -724,14 +847,20 @@ def _interpolate_adjoint(x3: Tensor, r: int) -> Tensor:
     return z.squeeze(2).permute(0, 2, 1)
 
 
-def _ski_sparse(a_coeffs: Tensor, x: Tensor, r: int) -> Tensor:
-    """:math:`W (A (W^\\top x))` with the two-tap interpolation kernels and an FFT for ``A``."""
+def _ski_sparse(a_coeffs: Tensor, x: Tensor, r: int, interpolation: str = "linear") -> Tensor:
+    """:math:`W (A (W^\\top x))` with sparse interpolation taps and an FFT for ``A``."""
     lead = x.shape[:-2]
     n, c = x.shape[-2:]
-    z = _interpolate_adjoint(x.reshape((-1, n, c)), r)
+    x3 = x.reshape((-1, n, c))
+    if interpolation == "cubic":
+        taps = _cubic_taps(n, r, x.dtype, x.device)
+        z = _cubic_interpolate_adjoint(x3, taps, r)
+    else:
+        z = _interpolate_adjoint(x3, r)
     length = fft_length(r)
     z = _apply_spectrum(_kernel_spectrum(a_coeffs, r, length, False), z, length)
-    return _interpolate(z, n).reshape(lead + (n, c))
+    y = _cubic_interpolate(z, taps) if interpolation == "cubic" else _interpolate(z, n)
+    return y.reshape(lead + (n, c))
 
 
 def _ski_dense(a_coeffs: Tensor, x: Tensor, weights: Tensor) -> Tensor:
@@ -742,7 +871,9 @@ def _ski_dense(a_coeffs: Tensor, x: Tensor, weights: Tensor) -> Tensor:
     return torch.matmul(weights, z)
 
 
-def ski_matvec(a_coeffs: Tensor, x: Tensor, *, method: str = "sparse") -> Tensor:
+def ski_matvec(
+    a_coeffs: Tensor, x: Tensor, *, method: str = "sparse", interpolation: str = "linear"
+) -> Tensor:
     """Asymmetric SKI product :math:`\\tilde T x = W A W^\\top x` per channel.
 
     :math:`A^l \\in \\mathbb R^{r \\times r}` is the Toeplitz matrix of the kernel on the
@@ -763,11 +894,16 @@ def ski_matvec(a_coeffs: Tensor, x: Tensor, *, method: str = "sparse") -> Tensor
     * ``"dense"``: dense :math:`W` matmuls and a dense :math:`A`, the batched-dense code
       the paper actually runs on GPUs: :math:`O(B\\,c\\,(n r + r^2))`.
 
+    ``interpolation="cubic"`` uses the four-tap weights of
+    :func:`cubic_interpolation_weights` (error :math:`O(h^3)` instead of :math:`O(h^2)`;
+    needs :math:`r \\ge 3`); the sparse method then gathers and scatters four taps.
+
     Shapes: ``a_coeffs`` ``(c, 2r - 1)`` (lags :math:`-(r-1)..r-1` in units of the
     inducing-point spacing, the layout of :func:`toeplitz_matvec`), ``x``
     ``(..., n, c)`` with :math:`r \\le n`; returns ``(..., n, c)``.
     """
     method = check_choice("method", method, SKI_METHODS)
+    interpolation = check_choice("interpolation", interpolation, SKI_INTERPOLATIONS)
     a_coeffs = check_tensor("a_coeffs", a_coeffs, ndim=2)
     x = check_tensor("x", x)
     if x.ndim < 2:
@@ -787,10 +923,19 @@ def ski_matvec(a_coeffs: Tensor, x: Tensor, *, method: str = "sparse") -> Tensor
         )
     r = (a_coeffs.shape[-1] + 1) // 2
     n, r = _check_n_r(x.shape[-2], r)
+    if interpolation == "cubic":
+        _check_cubic_r(r)
     if method == "sparse":
-        return _ski_sparse(a_coeffs, x, r)
-    grid = _interpolation_grid(n, r, x.dtype, x.device)
-    return _ski_dense(a_coeffs, x, _dense_weights(grid, n, r))
+        return _ski_sparse(a_coeffs, x, r, interpolation)
+    return _ski_dense(a_coeffs, x, _weights_on(n, r, interpolation, x.dtype, x.device))
+
+
+def _weights_on(
+    n: int, r: int, interpolation: str, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    if interpolation == "cubic":
+        return _cubic_dense(_cubic_taps(n, r, dtype, device), n, r)
+    return _dense_weights(_interpolation_grid(n, r, dtype, device), n, r)
 
 
 class PiecewiseLinearRPE(nn.Module):
@@ -989,6 +1134,8 @@ class SKITNO(nn.Module):
         decay: :math:`\\lambda \\in (0, 1)` of the inverse time warp (the paper: 0.99).
         knots: knots per side of the piecewise-linear RPE (``None``: ``rank``).
         low_rank: ``"sparse"`` or ``"dense"`` application of :math:`W A W^\\top`.
+        interpolation: ``"linear"`` (the paper) or ``"cubic"`` weights :math:`W`
+            (:data:`SKI_INTERPOLATIONS`; cubic needs ``rank >= 3``).
         generator, dtype: initialisation randomness and parameter dtype.
     """
 
@@ -1001,6 +1148,7 @@ class SKITNO(nn.Module):
         decay: float = 0.99,
         knots: Optional[int] = None,
         low_rank: str = "sparse",
+        interpolation: str = "linear",
         generator: Optional[torch.Generator] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
@@ -1010,6 +1158,9 @@ class SKITNO(nn.Module):
         self.filter_size = check_positive_int("filter_size", filter_size)
         self.decay = _check_decay(decay)
         self.low_rank = check_choice("low_rank", low_rank, SKI_METHODS)
+        self.interpolation = check_choice("interpolation", interpolation, SKI_INTERPOLATIONS)
+        if self.interpolation == "cubic":
+            _check_cubic_r(self.rank)
         knots = self.rank if knots is None else check_positive_int("knots", knots)
         _check_generator(generator)
         dtype = _check_float_dtype("dtype", dtype)
@@ -1029,8 +1180,7 @@ class SKITNO(nn.Module):
         if key not in self._weights_cache:
             if len(self._weights_cache) >= 8:
                 self._weights_cache.clear()
-            grid = _interpolation_grid(n, self.rank, dtype, device)
-            self._weights_cache[key] = _dense_weights(grid, n, self.rank)
+            self._weights_cache[key] = _weights_on(n, self.rank, self.interpolation, dtype, device)
         return self._weights_cache[key]
 
     @property
@@ -1084,7 +1234,9 @@ class SKITNO(nn.Module):
     def low_rank_matrix(self, n: int) -> Tensor:
         """``(channels, n, n)``: :math:`W A W^\\top` (dense, for checks and plots)."""
         a = toeplitz_dense(self.low_rank_coeffs(n))
-        w = linear_interpolation_weights(n, self.rank, dtype=self.dtype).to(a.device)
+        w = interpolation_weights(
+            n, self.rank, interpolation=self.interpolation, dtype=self.dtype
+        ).to(a.device)
         return w @ a @ w.T
 
     def dense_matrix(self, n: int) -> Tensor:
@@ -1096,7 +1248,7 @@ class SKITNO(nn.Module):
         n = self._check_n(x.shape[-2])
         a_coeffs = self.low_rank_coeffs(n)
         if self.low_rank == "sparse":
-            low = _ski_sparse(a_coeffs, x, self.rank)
+            low = _ski_sparse(a_coeffs, x, self.rank, self.interpolation)
         else:
             low = _ski_dense(a_coeffs, x, self._dense_interpolation(n, x.dtype, x.device))
         return self._band(x) + low
@@ -1104,7 +1256,8 @@ class SKITNO(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"channels={self.channels}, rank={self.rank}, filter_size={self.filter_size}, "
-            f"decay={self.decay}, low_rank={self.low_rank!r}"
+            f"decay={self.decay}, low_rank={self.low_rank!r}, "
+            f"interpolation={self.interpolation!r}"
         )
 
 

@@ -35,6 +35,8 @@ from kernels.toeplitz import (
     inducing_points,
     inverse_time_warp,
     linear_interpolation_weights,
+    cubic_interpolation_weights,
+    interpolation_weights,
     make_tno,
     rpe_mlp,
     ski_matvec,
@@ -264,15 +266,19 @@ def test_interpolation_weights(n, r):
         np.testing.assert_allclose(points[[0, -1]], [0, n - 1])
 
 
-@pytest.mark.parametrize("n,r", [(1, 1), (2, 2), (9, 3), (50, 8), (257, 16)])
-def test_ski_sparse_equals_dense_and_naive(n, r):
+@pytest.mark.parametrize(
+    "n,r,interpolation",
+    [(1, 1, "linear"), (2, 2, "linear"), (9, 3, "linear"), (50, 8, "linear"), (257, 16, "linear"),
+     (3, 3, "cubic"), (9, 3, "cubic"), (50, 8, "cubic"), (257, 16, "cubic")],
+)
+def test_ski_sparse_equals_dense_and_naive(n, r, interpolation):
     c = 3
     a = randn(c, 2 * r - 1, seed=r)
     x = randn(2, n, c, seed=n)
-    y_sparse = ski_matvec(a, x, method="sparse")
-    y_dense = ski_matvec(a, x, method="dense")
+    y_sparse = ski_matvec(a, x, method="sparse", interpolation=interpolation)
+    y_dense = ski_matvec(a, x, method="dense", interpolation=interpolation)
     torch.testing.assert_close(y_sparse, y_dense, rtol=1e-11, atol=1e-11)
-    w = naive_weights(n, r)
+    w = naive_weights(n, r) if interpolation == "linear" else naive_cubic_weights(n, r)
     a_mat = np.stack(
         [scipy.linalg.toeplitz(a[i, r - 1 :].numpy(), a[i, :r].flip(0).numpy()) for i in range(c)]
     )
@@ -280,6 +286,90 @@ def test_ski_sparse_equals_dense_and_naive(n, r):
     np.testing.assert_allclose(
         y_sparse.numpy(), per_channel_matmul(t_low, x.numpy()), rtol=1e-10, atol=1e-10
     )
+
+
+def naive_cubic_weights(n: int, r: int) -> np.ndarray:
+    """Keys' cubic convolution (a = -1/2) from r points on [0, n-1], written as a loop.
+
+    Row i interpolates s = i (r-1)/(n-1) from the points k-1..k+2 around it with the
+    kernel u(d) = 1.5|d|^3 - 2.5|d|^2 + 1 (|d| <= 1), -0.5|d|^3 + 2.5|d|^2 - 4|d| + 2
+    (1 < |d| < 2); the virtual points -1 and r are 3 z_0 - 3 z_1 + z_2 and its mirror.
+    """
+
+    def u(d: float) -> float:
+        d = abs(d)
+        if d <= 1:
+            return 1.5 * d**3 - 2.5 * d**2 + 1
+        if d < 2:
+            return -0.5 * d**3 + 2.5 * d**2 - 4 * d + 2
+        return 0.0
+
+    w = np.zeros((n, r))
+    for i in range(n):
+        s = i * (r - 1) / (n - 1)
+        k = min(int(np.floor(s)), r - 2)
+        for j in range(k - 1, k + 3):
+            weight = u(s - j)
+            if j == -1:
+                w[i, 0] += 3 * weight
+                w[i, 1] -= 3 * weight
+                w[i, 2] += weight
+            elif j == r:
+                w[i, r - 1] += 3 * weight
+                w[i, r - 2] -= 3 * weight
+                w[i, r - 3] += weight
+            else:
+                w[i, j] += weight
+    return w
+
+
+@pytest.mark.parametrize("n,r", [(3, 3), (4, 3), (10, 4), (17, 17), (100, 7), (257, 16)])
+def test_cubic_interpolation_weights(n, r):
+    w = cubic_interpolation_weights(n, r, dtype=F64).numpy()
+    np.testing.assert_allclose(w, naive_cubic_weights(n, r), atol=1e-12)
+    np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(interpolation_weights(n, r, interpolation="cubic", dtype=F64), w)
+    # Keys' kernel with the quadratic end rule reproduces every quadratic exactly
+    # (linear weights only reproduce lines).
+    p = inducing_points(n, r, dtype=F64).numpy()
+    t = np.arange(n, dtype=float)
+    for poly in (np.ones_like, lambda v: v, lambda v: (v - 0.3 * n) ** 2):
+        np.testing.assert_allclose(w @ poly(p), poly(t), atol=1e-9 * max(1, n**2))
+    if n > r:
+        lin = linear_interpolation_weights(n, r, dtype=F64).numpy()
+        assert np.abs(lin @ (p - 0.3 * n) ** 2 - (t - 0.3 * n) ** 2).max() > 1e-3
+
+
+def test_cubic_ski_is_third_order_and_differentiable():
+    # SKI error ||W A W^T - T||_2 on a smooth kernel: ~r^-2 for linear, ~r^-3 for cubic.
+    n, ranks = 512, [16, 32, 64, 128]
+    lags = torch.arange(n, dtype=F64)
+
+    def kernel(t):
+        return torch.exp(-((t / 40.0) ** 2)) * torch.cos(t / 15.0)
+
+    t_mat = kernel(lags[:, None] - lags[None, :])
+    slopes, last = {}, {}
+    for interp in ("linear", "cubic"):
+        errs = []
+        for r in ranks:
+            w = interpolation_weights(n, r, interpolation=interp, dtype=F64)
+            p = inducing_points(n, r, dtype=F64)
+            errs.append(torch.linalg.matrix_norm(w @ kernel(p[:, None] - p[None, :]) @ w.T - t_mat, 2))
+        slopes[interp] = np.polyfit(np.log(ranks), np.log(np.array(errs)), 1)[0]
+        last[interp] = float(errs[-1])
+    assert -2.3 < slopes["linear"] < -1.6, slopes
+    assert slopes["cubic"] < -2.7, slopes
+    assert last["cubic"] < 0.1 * last["linear"], last
+    a = randn(2, 9, seed=3).requires_grad_()
+    x = randn(2, 11, 2, seed=4).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, x: ski_matvec(a, x, interpolation="cubic"), (a, x))
+    layer = SKITNO(4, rank=8, filter_size=3, interpolation="cubic", generator=gen(5), dtype=F64)
+    x = randn(2, 40, 4, seed=6)
+    dense = torch.einsum("cnm,bmc->bnc", layer.dense_matrix(40), x)
+    torch.testing.assert_close(layer(x), dense, rtol=1e-11, atol=1e-11)
+    layer.low_rank = "dense"
+    torch.testing.assert_close(layer(x), dense, rtol=1e-11, atol=1e-11)
 
 
 def test_inverse_time_warp_and_piecewise_linear_rpe():
@@ -625,6 +715,12 @@ C4 = torch.zeros(3, 15)
         (lambda: ski_matvec(torch.zeros(3, 4), X4), ValueError, "odd length"),
         (lambda: ski_matvec(torch.zeros(3, 5), X4, method="fft"), ValueError, "method"),
         (lambda: linear_interpolation_weights(3, 4), ValueError, "exceeds"),
+        (lambda: cubic_interpolation_weights(8, 2), ValueError, "r >= 3"),
+        (lambda: ski_matvec(torch.zeros(3, 3), X4, interpolation="cubic"), ValueError, "r >= 3"),
+        (lambda: ski_matvec(torch.zeros(3, 5), X4, interpolation="spline"), ValueError,
+         "interpolation"),
+        (lambda: SKITNO(3, rank=2, interpolation="cubic"), ValueError, "r >= 3"),
+        (lambda: interpolation_weights(8, 4, interpolation="nearest"), ValueError, "interpolation"),
         (lambda: inducing_points(4, 0), ValueError, "r must be a positive"),
         (lambda: discrete_hilbert(torch.zeros(4, dtype=torch.long)), TypeError, "floating"),
         (lambda: discrete_hilbert(torch.zeros(3, 0)), ValueError, "non-empty"),

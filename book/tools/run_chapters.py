@@ -8,7 +8,8 @@ Each notebook in ``chapters/`` runs in its own papermill process with the parame
 of ``book/profiles.yaml`` injected after its ``parameters`` cell, a wall-clock budget
 (``budget_s``; the process group is killed when it runs over), network access blocked
 (see ``netguard/sitecustomize.py``) and ``OMP_NUM_THREADS`` set so that parallel jobs
-share the cores instead of oversubscribing them. Executed copies go to
+share the cores instead of oversubscribing them (``NN_KERNELS_THREADS=1`` forces one
+thread per chapter, the safe choice on a machine busy with other work). Executed copies go to
 ``<out>/<profile>/<chapter>.ipynb`` (outside the source tree); a summary table
 (chapter, profile, seconds, status) is printed and written as ``summary.json``.
 The exit status is non-zero when any chapter fails or runs over its budget.
@@ -166,7 +167,9 @@ def run(
         raise SystemExit(f"no such chapter(s) {missing}; chapters are {sorted(specs)}")
     cores = os.cpu_count() or 1
     jobs = max(1, min(jobs or cores, len(chapters) or 1, cores))
-    threads = max(1, cores // jobs)
+    # NN_KERNELS_THREADS overrides the split: on a machine shared with other work,
+    # 1 thread per chapter avoids OpenMP threads waiting on each other for busy cores.
+    threads = int(os.environ.get("NN_KERNELS_THREADS") or max(1, cores // jobs))
     out_dir = Path(out) / profile
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(
