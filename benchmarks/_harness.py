@@ -187,10 +187,13 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        # Rows without a goal leave "goal" and "met" empty; memory is optional.
+        goal = r.get("goal") or ""
+        met = ("yes" if r.get("goal_met") else "**NO**") if goal else ""
         lines.append(
             f"| {r['case']} | {r['shape']} | {r['ours']} | {fmt_s(r['ours_s'])} | {r['ref']} "
-            f"| {fmt_s(r['ref_s'])} | {r['speedup']:.2f}x | {fmt_mb(r['ours_peak_mb'])} "
-            f"| {fmt_mb(r['ref_peak_mb'])} | {r['goal']} | {'yes' if r['goal_met'] else 'NO'} |"
+            f"| {fmt_s(r['ref_s'])} | {r['speedup']:.2f}x | {fmt_mb(r.get('ours_peak_mb'))} "
+            f"| {fmt_mb(r.get('ref_peak_mb'))} | {goal} | {met} |"
         )
     return "\n".join(lines)
 
