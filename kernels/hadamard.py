@@ -55,6 +55,7 @@ __all__ = [
     "ACDCProjection",
     "BHProjection",
     "BH4",
+    "bh_project_fused",
     "projection_flops",
     "projection_params",
     "FWHT_BACKENDS",
@@ -362,6 +363,46 @@ class BHProjection(_Structured):
             y = torch.einsum("...cqi,cqij->...cqj", y, self.blocks[i])
             y = fwht(y.reshape(*lead, self.copies, self.d_pad))
         return self._crop(y)
+
+
+def _check_fused_array(name: str, value: Any) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"the fused kernel needs {name} as float32 or float64, got {value.dtype}")
+    if value.device.type != "cpu":
+        raise ValueError(f"the fused kernel runs on the CPU; {name} is on {value.device}")
+    if not value.is_contiguous():
+        raise ValueError(
+            f"the fused kernel needs a contiguous {name} (call .contiguous()); got strides "
+            f"{value.stride()} for shape {tuple(value.shape)}"
+        )
+
+
+def bh_project_fused(x: Tensor, projection: "BHProjection") -> Tensor:
+    """:class:`BHProjection` forward by the compiled kernel (inference only, no gradient).
+
+    ``x``: contiguous ``(tokens, in_features)`` CPU float32/float64 of the projection's
+    dtype; the projection's ``block`` must be a multiple of 16 (the kernel's register
+    block). Tiles of 8 tokens go through all ``m`` rounds of block products and FWHTs in
+    per-thread buffers. Raises ``RuntimeError`` when the extension cannot be built.
+    """
+    if not isinstance(projection, BHProjection):
+        raise TypeError(f"projection must be a BHProjection, got {type(projection).__name__}")
+    _check_fused_array("x", x)
+    if x.ndim != 2 or x.shape[1] != projection.in_features:
+        raise ValueError(
+            f"x must have shape (tokens, {projection.in_features}), got {tuple(x.shape)}"
+        )
+    if projection.block % 16:
+        raise ValueError(f"the fused kernel needs block to be a multiple of 16, got {projection.block}")
+    blocks = projection.blocks.detach()
+    if blocks.dtype != x.dtype:
+        raise TypeError(f"x must have the projection's dtype {blocks.dtype}, got {x.dtype}")
+    from kernels._ext import build
+
+    with torch.no_grad():
+        return build().bh_project(x, blocks.contiguous(), projection.out_features)
 
 
 def BH4(

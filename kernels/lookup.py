@@ -69,6 +69,7 @@ __all__ = [
     "lookup_gather",
     "lookup_gather_naive",
     "lookup_forward_fused",
+    "lookup_bh_forward_fused",
     "gather_fused",
     "LookupGatherFunction",
     "LookupFFN",
@@ -152,7 +153,7 @@ def hash_codes(z: Tensor, tau: int) -> Tensor:
     """
     tau = _check_tau(tau)
     _check_z(z, tau)
-    bits = (z > 0).reshape(*z.shape[:-1], -1, tau).to(torch.int64)
+    bits = (z > 0).reshape(*z.shape[:-1], z.shape[-1] // tau, tau).to(torch.int64)
     powers = torch.ones(tau, dtype=torch.int64, device=z.device) << torch.arange(
         tau, device=z.device
     )
@@ -168,22 +169,27 @@ def lookup_weights(z: Tensor, tau: int, scaled: bool = True) -> Tensor:
     """
     tau = _check_tau(tau)
     _check_z(z, tau)
-    a = z.abs().reshape(*z.shape[:-1], -1, tau)
+    a = z.abs().reshape(*z.shape[:-1], z.shape[-1] // tau, tau)
     w = torch.exp(F.logsigmoid(2 * a).sum(-1))
     return w * a.sum(-1) if scaled else w
 
 
-def lookup_softmax(z: Tensor, tables: Tensor) -> Tensor:
+def lookup_softmax(z: Tensor, tables: Tensor, scaled: bool = False) -> Tensor:
     """Eq. 10: the full softmax over all :math:`2^\\tau` rows of every table.
 
-    :math:`\\hat y^* = \\sum_k \\sum_i \\mathrm{softmax}_i(\\langle z_k, S_i\\rangle) [T_k]_i`.
-    Cost :math:`O(h 2^\\tau (\\tau + d_{out}))` per token: the impractical formulation the
-    top-numerator approximation avoids; for checks with small ``tau``.
+    :math:`\\hat y^* = \\sum_k \\sum_i \\mathrm{softmax}_i(\\langle z_k, S_i\\rangle) [T_k]_i`;
+    with ``scaled`` each term is also multiplied by :math:`\\langle z_k, S_i\\rangle` (the
+    extra factor of eq. 16/20). Cost :math:`O(h 2^\\tau (\\tau + d_{out}))` per token: the
+    impractical formulation the top-numerator approximation avoids; for checks and for
+    Remark 3.1 with small ``tau``.
     """
     h, tau, d_out = _check_z_tables(z, tables)
     s = sign_matrix(tau, dtype=z.dtype).to(z.device)
     logits = z.reshape(*z.shape[:-1], h, tau) @ s.T  # (..., h, 2^tau)
-    return torch.einsum("...ki,kid->...d", torch.softmax(logits, dim=-1), tables)
+    probs = torch.softmax(logits, dim=-1)
+    if scaled:
+        probs = probs * logits
+    return torch.einsum("...ki,kid->...d", probs, tables)
 
 
 def lookup_gather_naive(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
@@ -336,6 +342,48 @@ def lookup_forward_fused(z: Tensor, tables: Tensor, scaled: bool = True) -> Tens
         return build().lookup_forward(z, tables, scaled)
 
 
+def lookup_bh_forward_fused(
+    x: Tensor, projection: BHProjection, tables: Tensor, scaled: bool = True
+) -> Tensor:
+    """Fully fused C++ inference of a BH-m LookupFFN: hash and gather in one kernel.
+
+    ``x``: contiguous ``(tokens, d_model)`` CPU float32/float64; ``projection`` a
+    :class:`~kernels.hadamard.BHProjection` to ``h * tau`` features with ``block`` a
+    multiple of 16; ``tables`` ``(h, 2**tau, d_out)`` contiguous, same dtype. Per tile
+    of 8 tokens (one thread): the ``m`` rounds of block products and FWHTs (eq. 19),
+    then codes, weights and the gather-accumulate of :func:`lookup_forward_fused`; the
+    soft codes live only in a per-thread buffer. No gradients.
+    """
+    from kernels.hadamard import _check_fused_array
+
+    if not isinstance(projection, BHProjection):
+        raise TypeError(f"projection must be a BHProjection, got {type(projection).__name__}")
+    _check_fused_array("x", x)
+    _check_fused_array("tables", tables)
+    h, tau, d_out = _check_tables(tables)
+    if projection.out_features != h * tau:
+        raise ValueError(
+            f"projection must map to h * tau = {h * tau} features for tables of shape "
+            f"{tuple(tables.shape)}, got out_features={projection.out_features}"
+        )
+    if x.ndim != 2 or x.shape[1] != projection.in_features:
+        raise ValueError(f"x must have shape (tokens, {projection.in_features}), got {tuple(x.shape)}")
+    if projection.block % 16:
+        raise ValueError(f"the fused kernel needs block to be a multiple of 16, got {projection.block}")
+    blocks = projection.blocks.detach()
+    if not (x.dtype == tables.dtype == blocks.dtype):
+        raise TypeError(
+            f"x, tables and the projection must share one dtype, got {x.dtype}, "
+            f"{tables.dtype} and {blocks.dtype}"
+        )
+    if not isinstance(scaled, bool):
+        raise TypeError(f"scaled must be a bool, got {scaled!r}")
+    from kernels._ext import build
+
+    with torch.no_grad():
+        return build().lookup_bh_forward(x, blocks.contiguous(), tables, tau, scaled)
+
+
 def gather_fused(codes: Tensor, weights: Tensor, tables: Tensor) -> Tensor:
     """The gather step alone (C++): ``y_t = sum_k weights[t, k] tables[k, codes[t, k]]``.
 
@@ -459,11 +507,12 @@ class LookupFFN(nn.Module):
 
     def forward(self, x: Tensor, backend: str = "auto") -> Tensor:
         check_choice("backend", backend, LOOKUP_BACKENDS)
-        z = self.projection(x)
         if backend == "auto":
             fast = (
-                not torch.is_grad_enabled() or not (x.requires_grad or self.tables.requires_grad)
-            ) and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+                not torch.is_grad_enabled()
+                and x.device.type == "cpu"
+                and x.dtype in (torch.float32, torch.float64)
+            )
             backend = "torch"
             if fast:
                 from kernels._ext import load_extension
@@ -471,13 +520,18 @@ class LookupFFN(nn.Module):
                 if load_extension() is not None:
                     backend = "fused"
         if backend == "torch":
-            return lookup_gather(z, self.tables, self.scaled)
+            return lookup_gather(self.projection(x), self.tables, self.scaled)
         if backend == "naive":
-            return lookup_gather_naive(z, self.tables, self.scaled)
-        lead = z.shape[:-1]
-        y = lookup_forward_fused(
-            z.detach().reshape(-1, z.shape[-1]).contiguous(), self.tables.detach(), self.scaled
-        )
+            return lookup_gather_naive(self.projection(x), self.tables, self.scaled)
+        lead = x.shape[:-1]
+        tables = self.tables.detach()
+        if isinstance(self.projection, BHProjection) and self.projection.block % 16 == 0:
+            flat = x.detach().reshape(-1, self.d_model).contiguous()
+            y = lookup_bh_forward_fused(flat, self.projection, tables, self.scaled)
+        else:
+            with torch.no_grad():
+                z = self.projection(x).reshape(-1, self.h * self.tau).contiguous()
+            y = lookup_forward_fused(z, tables, self.scaled)
         return y.reshape(*lead, self.d_out)
 
     def flops(self) -> dict[str, int]:

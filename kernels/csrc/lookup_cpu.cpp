@@ -220,6 +220,134 @@ torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& ta
   return y;
 }
 
+// Fully fused BH-m LookupFFN inference: hash (eq. 19 projection, codes, weights) and
+// gather-accumulate per tile of kTile tokens, all in per-thread buffers that stay in
+// L1/L2: nothing of size (tokens, h * tau) or (tokens, h, d) is written to memory.
+//   x: (n, d_in); blocks: (m, copies, d_pad / b, b, b) with b a multiple of 16;
+//   tables: (h, 2^tau, d_out); z_k comes from copy c = (k tau) / d_pad of the projection.
+constexpr int64_t kTile = 8;  // tokens per tile (a multiple of the 4-token register block)
+
+// out[t, q b : (q+1) b] = in[t, q b : (q+1) b] @ B_q for kTile rows of width dp.
+// Register block: 4 tokens x 16 outputs, accumulated over the b inputs.
+template <typename T>
+inline void block_matmul_tile(const T* __restrict in, T* __restrict out,
+                              const T* __restrict blocks, int64_t dp, int64_t b) {
+  const int64_t nb = dp / b;
+  for (int64_t q = 0; q < nb; ++q) {
+    const T* __restrict bq = blocks + q * b * b;
+    for (int64_t t0 = 0; t0 < kTile; t0 += 4) {
+      const T* __restrict x0 = in + t0 * dp + q * b;
+      for (int64_t jc = 0; jc < b; jc += 16) {
+        T acc[4][16] = {};
+        for (int64_t i = 0; i < b; ++i) {
+          const T* __restrict brow = bq + i * b + jc;
+#pragma GCC unroll 4
+          for (int r = 0; r < 4; ++r) {
+            const T xv = x0[r * dp + i];
+#pragma omp simd
+            for (int l = 0; l < 16; ++l) acc[r][l] += xv * brow[l];
+          }
+        }
+        for (int r = 0; r < 4; ++r)
+          for (int l = 0; l < 16; ++l) out[(t0 + r) * dp + q * b + jc + l] = acc[r][l];
+      }
+    }
+  }
+}
+
+template <typename T>
+void lookup_bh_tokens(const T* x, const T* blocks, const T* tables, T* y, int64_t n,
+                      int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
+                      int64_t h, int64_t tau, int64_t d, bool scaled) {
+  const int64_t ht = h * tau;
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  const T scale = T(1) / std::sqrt(T(dp));
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> cur(kTile * dp), tmp(kTile * dp), z(kTile * ht);
+    std::vector<T> expo(ht), weights(h);
+    std::vector<int64_t> codes(h);
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t t_first = tile * kTile;
+      const int64_t count = std::min<int64_t>(kTile, n - t_first);
+      for (int64_t c = 0; c < copies; ++c) {
+        std::fill(cur.begin(), cur.end(), T(0));
+        for (int64_t t = 0; t < count; ++t)
+          std::copy(x + (t_first + t) * d_in, x + (t_first + t + 1) * d_in, cur.data() + t * dp);
+        for (int64_t i = 0; i < m; ++i) {
+          block_matmul_tile<T>(cur.data(), tmp.data(), blocks + (i * copies + c) * dp * b, dp, b);
+          for (int64_t t = 0; t < kTile; ++t)
+            fwht_row<T>(tmp.data() + t * dp, cur.data() + t * dp, dp, scale);
+        }
+        const int64_t lo = c * dp, hi = std::min<int64_t>(ht, (c + 1) * dp);
+        for (int64_t t = 0; t < count; ++t)
+          std::copy(cur.data() + t * dp, cur.data() + t * dp + (hi - lo), z.data() + t * ht + lo);
+      }
+      for (int64_t t = 0; t < count; ++t)
+        lookup_token<T>(z.data() + t * ht, tables, y + (t_first + t) * d, expo.data(),
+                        codes.data(), weights.data(), h, tau, d, scaled);
+    }
+  });
+}
+
+torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
+                                    const torch::Tensor& tables, int64_t tau, bool scaled) {
+  const int64_t n = x.size(0), d_in = x.size(1);
+  const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
+  const int64_t dp = blocks.size(2) * b;
+  const int64_t h = tables.size(0), d = tables.size(2);
+  auto y = torch::empty({n, d}, x.options());
+  if (n == 0) return y;
+  if (x.scalar_type() == torch::kFloat) {
+    lookup_bh_tokens<float>(x.data_ptr<float>(), blocks.data_ptr<float>(),
+                            tables.data_ptr<float>(), y.data_ptr<float>(), n, d_in, m, copies,
+                            dp, b, h, tau, d, scaled);
+  } else {
+    lookup_bh_tokens<double>(x.data_ptr<double>(), blocks.data_ptr<double>(),
+                             tables.data_ptr<double>(), y.data_ptr<double>(), n, d_in, m,
+                             copies, dp, b, h, tau, d, scaled);
+  }
+  return y;
+}
+
+// BH-m projection alone, same tiles (used to time the hash step on its own).
+torch::Tensor bh_project_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
+                             int64_t d_out) {
+  const int64_t n = x.size(0), d_in = x.size(1);
+  const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
+  const int64_t dp = blocks.size(2) * b;
+  auto z = torch::empty({n, d_out}, x.options());
+  if (n == 0) return z;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "bh_project_cpu", [&] {
+    using T = scalar_t;
+    const T* xp = x.data_ptr<T>();
+    const T* bp = blocks.data_ptr<T>();
+    T* zp = z.data_ptr<T>();
+    const T scale = T(1) / std::sqrt(T(dp));
+    const int64_t tiles = (n + kTile - 1) / kTile;
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> cur(kTile * dp), tmp(kTile * dp);
+      for (int64_t tile = begin; tile < end; ++tile) {
+        const int64_t t_first = tile * kTile;
+        const int64_t count = std::min<int64_t>(kTile, n - t_first);
+        for (int64_t c = 0; c < copies; ++c) {
+          std::fill(cur.begin(), cur.end(), T(0));
+          for (int64_t t = 0; t < count; ++t)
+            std::copy(xp + (t_first + t) * d_in, xp + (t_first + t + 1) * d_in, cur.data() + t * dp);
+          for (int64_t i = 0; i < m; ++i) {
+            block_matmul_tile<T>(cur.data(), tmp.data(), bp + (i * copies + c) * dp * b, dp, b);
+            for (int64_t t = 0; t < kTile; ++t)
+              fwht_row<T>(tmp.data() + t * dp, cur.data() + t * dp, dp, scale);
+          }
+          const int64_t lo = c * dp, hi = std::min<int64_t>(d_out, (c + 1) * dp);
+          for (int64_t t = 0; t < count; ++t)
+            std::copy(cur.data() + t * dp, cur.data() + t * dp + (hi - lo), zp + (t_first + t) * d_out + lo);
+        }
+      }
+    });
+  });
+  return z;
+}
+
 // Gather only (weights given): y_t = sum_k w_tk T_k[codes_tk]; used by the benchmark to
 // time the gather step on its own (Table 6's breakdown).
 template <typename T>
@@ -274,6 +402,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lookup_forward", &lookup_forward_cpu,
         "Fused LookupFFN inference: codes, weights and gather-accumulate",
         pybind11::arg("z"), pybind11::arg("tables"), pybind11::arg("scaled"));
+  m.def("lookup_bh_forward", &lookup_bh_forward_cpu,
+        "Fully fused BH-m LookupFFN inference: projection, codes, weights, gather",
+        pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("tables"),
+        pybind11::arg("tau"), pybind11::arg("scaled"));
+  m.def("bh_project", &bh_project_cpu, "BH-m projection of the rows of x (tiles as fused)",
+        pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("d_out"));
   m.def("gather", &gather_cpu, "Weighted gather-accumulate of table rows",
         pybind11::arg("codes"), pybind11::arg("weights"), pybind11::arg("tables"));
 }

@@ -1,0 +1,259 @@
+"""kernels.lookup: the identities of eqs. 11-12, the custom backward (gradcheck), the
+fused C++ kernels against the literal formula, Remark 3.1, the paper's FLOP columns and
+bad input (chapter 5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import _ext
+from kernels.hadamard import BHProjection, DenseProjection
+from kernels.lookup import (
+    BlockDiagonalFFN,
+    LookupFFN,
+    Top1MoEFFN,
+    VanillaFFN,
+    block_diagonal_ffn_flops,
+    gather_fused,
+    hash_codes,
+    lookup_bh_forward_fused,
+    lookup_ffn_flops,
+    lookup_forward_fused,
+    lookup_gather,
+    lookup_gather_naive,
+    lookup_softmax,
+    lookup_weights,
+    moe_ffn_flops,
+    sign_matrix,
+    table_bytes,
+    vanilla_ffn_flops,
+)
+
+F64 = torch.float64
+
+
+def _draw(n: int, h: int, tau: int, d_out: int, seed: int = 0, dtype=F64, scale: float = 1.0):
+    gen = torch.Generator().manual_seed(seed)
+    z = scale * torch.randn(n, h * tau, generator=gen, dtype=dtype)
+    tables = torch.randn(h, 2**tau, d_out, generator=gen, dtype=dtype)
+    return z, tables
+
+
+def test_sign_matrix_rows_are_binary_representations() -> None:
+    s = sign_matrix(3)
+    assert s.shape == (8, 3)
+    for i in range(8):
+        assert [int(v > 0) for v in s[i]] == [(i >> j) & 1 for j in range(3)]
+
+
+def test_argmax_is_decimal_of_sign_eq12() -> None:
+    z, _ = _draw(200, 4, 5, 1, seed=1)
+    s = sign_matrix(5)
+    scores = z.reshape(200, 4, 5) @ s.T
+    assert torch.equal(hash_codes(z, 5), scores.argmax(-1))
+    assert torch.equal(hash_codes(-z, 5), scores.argmin(-1))
+
+
+def test_denominator_identity_eq11_and_weights() -> None:
+    z, _ = _draw(50, 3, 6, 1, seed=2)
+    zk = z.reshape(50, 3, 6)
+    scores = zk @ sign_matrix(6).T
+    torch.testing.assert_close(torch.exp(scores).sum(-1), torch.prod(torch.exp(zk) + torch.exp(-zk), -1))
+    top = scores.max(-1).values
+    want = torch.exp(top) / torch.exp(scores).sum(-1)
+    torch.testing.assert_close(lookup_weights(z, 6, scaled=False), want)
+    torch.testing.assert_close(lookup_weights(z, 6, scaled=True), want * top)
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_lookup_gather_matches_literal_formula(scaled: bool) -> None:
+    z, tables = _draw(33, 7, 4, 9, seed=3)
+    torch.testing.assert_close(lookup_gather(z, tables, scaled), lookup_gather_naive(z, tables, scaled))
+    # leading batch dimensions
+    z3 = z.reshape(3, 11, -1)
+    assert lookup_gather(z3, tables, scaled).shape == (3, 11, 9)
+
+
+def test_top_numerator_approaches_full_softmax_for_confident_codes() -> None:
+    # Eq. 13 keeps only the largest numerator of eq. 10: exact in the limit |z| -> inf.
+    z, tables = _draw(40, 3, 4, 5, seed=4)
+    z = torch.sign(z) * (6.0 + z.abs())  # every |z_kj| >= 6: sigma(12) = 1 - 6e-6
+    full = lookup_softmax(z, tables)
+    top = lookup_gather(z, tables, scaled=False)
+    assert (full - top).abs().max() < 1e-4 * full.abs().max()
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_lookup_gather_gradcheck(scaled: bool) -> None:
+    z, tables = _draw(6, 3, 3, 4, seed=5)
+    z.requires_grad_(True)
+    tables.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: lookup_gather(a, b, scaled), (z, tables))
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_custom_backward_matches_autograd_of_literal_formula(scaled: bool) -> None:
+    z, tables = _draw(64, 5, 6, 7, seed=6)
+    g = torch.randn(64, 7, dtype=F64, generator=torch.Generator().manual_seed(60))
+    grads = []
+    for fn in (lookup_gather, lookup_gather_naive):
+        a, b = z.clone().requires_grad_(), tables.clone().requires_grad_()
+        (fn(a, b, scaled) * g).sum().backward()
+        grads.append((a.grad, b.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
+
+
+def test_remark_3_1_sigmoid_and_fast_gelu_are_tau_1_cases() -> None:
+    gen = torch.Generator().manual_seed(7)
+    d, k = 6, 10
+    x = torch.randn(25, d, generator=gen, dtype=F64)
+    w = torch.randn(k, d, generator=gen, dtype=F64)
+    v = torch.randn(k, 3, generator=gen, dtype=F64)
+    tables = torch.zeros(k, 2, 3, dtype=F64)
+    tables[:, 1] = v  # row "+1" holds V_k, row "-1" is zero
+    pre = x @ w.T
+    # sigmoid FFN (eq. 15): z_k = 0.5 <x, w_k>
+    torch.testing.assert_close(lookup_softmax(0.5 * pre, tables), torch.sigmoid(pre) @ v,
+                               rtol=1e-14, atol=1e-14)
+    # fast GELU u * sigmoid(1.702 u) (eq. 16): z_k = 0.851 <x, w_k>, factor 1.175 <z, S>
+    got = lookup_softmax(0.851 * pre, 1.175 * tables, scaled=True)
+    want = (1.175 * 0.851 * pre * torch.sigmoid(2 * 0.851 * pre)) @ v
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-14)
+
+
+def test_extension_builds() -> None:
+    module = _ext.build()  # must build on this platform (g++ is part of it)
+    assert hasattr(module, "lookup_forward")
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize("n,h,tau,d_out", [(37, 7, 3, 9), (5, 16, 8, 64), (0, 2, 2, 3), (19, 1, 13, 5)])
+def test_fused_kernel_matches_reference(dtype, scaled, n, h, tau, d_out) -> None:
+    z, tables = _draw(n, h, tau, d_out, seed=8, dtype=dtype)
+    want = lookup_gather_naive(z.double(), tables.double(), scaled).to(dtype)
+    tol = 1e-12 if dtype == F64 else 1e-4
+    torch.testing.assert_close(lookup_forward_fused(z, tables, scaled), want, rtol=tol, atol=tol)
+    if n:
+        codes = hash_codes(z, tau).contiguous()
+        weights = lookup_weights(z, tau, scaled).contiguous()
+        torch.testing.assert_close(gather_fused(codes, weights, tables), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("d_model,h,tau,block", [(64, 16, 4, 16), (100, 40, 7, 32), (48, 30, 8, 16)])
+def test_fully_fused_bh_kernel_matches_torch(dtype, d_model, h, tau, block) -> None:
+    layer = LookupFFN(d_model, h, tau, block=block, d_out=24,
+                      generator=torch.Generator().manual_seed(9), dtype=dtype)
+    x = torch.randn(2, 13, d_model, dtype=dtype, generator=torch.Generator().manual_seed(90))
+    with torch.no_grad():
+        want = layer(x, backend="naive")
+        auto = layer(x)  # no_grad + CPU: the fused kernel
+        direct = lookup_bh_forward_fused(x.reshape(-1, d_model), layer.projection, layer.tables, True)
+    tol = 1e-11 if dtype == F64 else 2e-4
+    torch.testing.assert_close(auto, want, rtol=tol, atol=tol)
+    torch.testing.assert_close(direct.reshape(want.shape), want, rtol=tol, atol=tol)
+
+
+def test_lookup_ffn_trains_through_projection_and_tables() -> None:
+    layer = LookupFFN(32, 8, 4, block=8, generator=torch.Generator().manual_seed(10), dtype=F64)
+    x = torch.randn(20, 32, dtype=F64, generator=torch.Generator().manual_seed(11), requires_grad=True)
+    layer(x).square().sum().backward()
+    assert layer.tables.grad.abs().sum() > 0
+    assert layer.projection.blocks.grad.abs().sum() > 0
+    assert x.grad.abs().sum() > 0
+    small = LookupFFN(8, 2, 2, projection="dense", generator=torch.Generator().manual_seed(12), dtype=F64)
+    xs = torch.randn(4, 8, dtype=F64, generator=torch.Generator().manual_seed(13), requires_grad=True)
+    params = (small.projection.weight, small.tables)
+    assert torch.autograd.gradcheck(lambda a, *p: small(a, backend="torch"), (xs,) + params)
+
+
+def test_dense_projection_layer_uses_fused_gather() -> None:
+    layer = LookupFFN(20, 6, 5, projection="dense", generator=torch.Generator().manual_seed(14))
+    x = torch.randn(9, 20, generator=torch.Generator().manual_seed(15))
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), layer(x, backend="torch"), rtol=1e-4, atol=1e-5)
+
+
+def test_flops_reproduce_the_papers_tables() -> None:
+    def mflop(*args, **kw) -> float:
+        return round(lookup_ffn_flops(*args, **kw)["total"] / 1e6, 2)
+
+    assert round(vanilla_ffn_flops(512, 2048) / 1e6, 2) == 4.19  # Table 1
+    assert mflop(512, 256, 8) == 1.38 and mflop(512, 128, 8) == 0.69  # Table 1
+    assert round(vanilla_ffn_flops(768, 3072) / 1e6, 2) == 9.44 and mflop(768, 170, 9) == 1.39  # Table 2
+    assert [mflop(512, h, 8) for h in (32, 64, 128, 256)] == [0.31, 0.35, 0.69, 1.38]  # Table 3 mid
+    parts = {(h, t): lookup_ffn_flops(512, h, t) for h, t in ((64, 4), (32, 8), (20, 13))}
+    assert [round(p["hash"] / 1e6, 2) for p in parts.values()] == [0.28, 0.28, 0.28]  # Table 3 bottom
+    assert [round(p["gather"] / 1e6, 2) for p in parts.values()] == [0.07, 0.03, 0.02]
+    dense = lookup_ffn_flops(512, 128, 8, projection="dense")
+    assert round(dense["hash"] / 1e6, 2) == 1.05 and round(dense["gather"] / 1e6, 2) == 0.13  # Table 3 top
+    assert mflop(512, 256, 4) == 0.82  # Table 4
+    assert round(block_diagonal_ffn_flops(512, 2048, 2) / 1e6, 2) == 2.10  # Table 1, channel shuffle
+    assert moe_ffn_flops(512, 1024, 4) == 4 * 512 * 1024 + 2 * 512 * 4
+
+
+def test_baselines_reduce_to_vanilla() -> None:
+    gen = torch.Generator().manual_seed(16)
+    x = torch.randn(10, 16, generator=gen, dtype=F64)
+    block = BlockDiagonalFFN(16, 32, groups=1, generator=gen, dtype=F64)
+    vanilla = VanillaFFN(16, 32, dtype=F64)
+    with torch.no_grad():
+        vanilla.w1.copy_(block.w1[0]); vanilla.w2.copy_(block.w2[0])
+    torch.testing.assert_close(block(x), vanilla(x))
+    moe = Top1MoEFFN(16, 32, experts=1, dtype=F64)
+    with torch.no_grad():
+        vanilla.w1.copy_(moe.w1[0]); vanilla.w2.copy_(moe.w2[0])
+    torch.testing.assert_close(moe(x), vanilla(x))
+    grouped = BlockDiagonalFFN(16, 32, groups=4, generator=gen, dtype=F64)
+    assert grouped(x).shape == x.shape
+    # the shuffle mixes groups: output group 0 depends on input group 1
+    xp = x.clone(); xp[:, 4:8] += 1.0
+    assert (grouped(xp) - grouped(x))[:, :4].abs().max() > 0
+
+
+def test_bad_input() -> None:
+    # tau too large for memory: the message says how much it would need
+    with pytest.raises(ValueError, match=r"tau=16 is too large for memory.*8\.0 GiB"):
+        LookupFFN(512, 64, 16)
+    assert table_bytes(64, 16, 512) == 8 << 30
+    with pytest.raises(ValueError, match="tau must be <= 40"):
+        LookupFFN(8, 2, 41)
+    # h * tau not matching the projection
+    with pytest.raises(ValueError, match=r"h \* tau = 4 \* 8 = 32"):
+        LookupFFN(16, 4, 8, projection=DenseProjection(16, 30))
+    with pytest.raises(ValueError, match="projection"):
+        LookupFFN(16, 4, 8, projection="fft")
+    z, tables = _draw(5, 4, 3, 6, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"h \* tau = 4 \* 3 = 12"):
+        lookup_gather(z[:, :9], tables)
+    with pytest.raises(ValueError, match=r"\(h, 2\*\*tau, d_out\)"):
+        lookup_gather(z, tables[:, :6])
+    with pytest.raises(TypeError, match="same dtype"):
+        lookup_gather(z.double(), tables)
+    # the fused kernel: non-contiguous, wrong dtype, wrong device layout
+    zt = torch.randn(12, 5).T
+    with pytest.raises(ValueError, match="contiguous z"):
+        lookup_forward_fused(zt, tables)
+    with pytest.raises(ValueError, match="contiguous tables"):
+        lookup_forward_fused(z, tables.transpose(1, 2).contiguous().transpose(1, 2))
+    with pytest.raises(TypeError, match="float32 or float64, got torch.float16"):
+        lookup_forward_fused(z.half(), tables.half())
+    with pytest.raises(TypeError, match="torch.int64"):
+        lookup_forward_fused(z.long(), tables)
+    with pytest.raises(ValueError, match=r"\(tokens, h \* tau\)"):
+        lookup_forward_fused(z.reshape(5, 2, 6), tables)
+    with pytest.raises(ValueError, match=r"codes must lie in \[0, 8\)"):
+        gather_fused(torch.full((5, 4), 8), torch.ones(5, 4), tables)
+    layer = LookupFFN(16, 4, 4, block=16)
+    with pytest.raises(TypeError, match="share one dtype"):
+        lookup_bh_forward_fused(torch.zeros(3, 16, dtype=F64), layer.projection, layer.tables.detach().double())
+    with pytest.raises(ValueError, match="backend"):
+        layer(torch.zeros(3, 16), backend="cuda")
+    with pytest.raises(ValueError, match="out_features"):
+        lookup_bh_forward_fused(torch.zeros(3, 16), BHProjection(16, 20, 16), layer.tables.detach())
+    with pytest.raises(TypeError, match="scaled"):
+        lookup_gather(z, tables, scaled=1)
