@@ -329,7 +329,7 @@ def lookup_forward_fused(z: Tensor, tables: Tensor, scaled: bool = True) -> Tens
     CPU float32/float64 of the same dtype (anything else is a clear error; no silent
     copies). Per token it computes the ``h`` codes and weights (vectorised
     exponentials), then accumulates the ``h`` rows into the output row, which stays in
-    L1, prefetching the row ``4`` tables ahead; tokens are spread over torch's threads.
+    L1, prefetching the row 8 tables ahead; tokens are spread over torch's threads.
     No gradients. Raises ``RuntimeError`` when the extension cannot be built.
     """
     _check_fused_inputs(z, tables)
@@ -384,12 +384,16 @@ def lookup_bh_forward_fused(
         return build().lookup_bh_forward(x, blocks.contiguous(), tables, tau, scaled)
 
 
-def gather_fused(codes: Tensor, weights: Tensor, tables: Tensor) -> Tensor:
+def gather_fused(
+    codes: Tensor, weights: Tensor, tables: Tensor, out: Optional[Tensor] = None
+) -> Tensor:
     """The gather step alone (C++): ``y_t = sum_k weights[t, k] tables[k, codes[t, k]]``.
 
     ``codes`` ``(tokens, h)`` int64 in ``[0, 2**tau)``, ``weights`` ``(tokens, h)`` and
     ``tables`` ``(h, 2**tau, d_out)`` contiguous CPU tensors. Used to time the gather
-    on its own (the paper's Table 6 breakdown). Codes are range-checked.
+    on its own (the paper's Table 6 breakdown). Codes are range-checked. ``out``: an
+    optional preallocated contiguous ``(tokens, d_out)`` result of the tables' dtype
+    (reusing it keeps the first-touch page faults of a fresh output out of timings).
     """
     h, tau, d_out = _check_tables(tables)
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int64:
@@ -403,10 +407,21 @@ def gather_fused(codes: Tensor, weights: Tensor, tables: Tensor) -> Tensor:
         raise ValueError("weights must have the shape of codes and the dtype of tables")
     if not codes.is_contiguous():
         raise ValueError("codes must be contiguous")
+    if out is None:
+        out = torch.empty(codes.shape[0], d_out, dtype=tables.dtype)
+    else:
+        _check_fused_inputs(codes.new_empty(0, 1, dtype=tables.dtype), tables)
+        if (not isinstance(out, torch.Tensor) or out.shape != (codes.shape[0], d_out)
+                or out.dtype != tables.dtype or not out.is_contiguous() or out.device.type != "cpu"):
+            raise ValueError(
+                f"out must be a contiguous CPU tensor of shape ({codes.shape[0]}, {d_out}) "
+                f"and dtype {tables.dtype}"
+            )
     from kernels._ext import build
 
     with torch.no_grad():
-        return build().gather(codes, weights, tables)
+        build().gather(codes, weights, tables, out)
+    return out
 
 
 def table_bytes(h: int, tau: int, d_out: int, dtype: torch.dtype = torch.float32) -> int:

