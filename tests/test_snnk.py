@@ -117,6 +117,8 @@ def test_bundled_two_layer_net_equals_unbundled_exactly() -> None:
         net = bundle([snnk, head])
         torch.testing.assert_close(net(x), head(snnk(x)), rtol=1e-12, atol=1e-12)
         assert net.weight.shape == (3, snnk.feature_map.out_features)
+        tokens = torch.randn(2, 5, 10, dtype=F64)  # (batch, sequence, d) as inside a transformer
+        torch.testing.assert_close(net(tokens), head(snnk(tokens)), rtol=1e-12, atol=1e-12)
         assert net.parameter_count() == 3 * snnk.feature_map.out_features + 3
 
 
