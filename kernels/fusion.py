@@ -929,7 +929,7 @@ def layerwise_tuning(
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
     finally:
         for n, p in student.named_parameters():
             p.requires_grad_(saved[n])
