@@ -159,7 +159,7 @@ def _max_log(dtype: torch.dtype) -> float:
 def _warn_overflow(log_modulus: Tensor, dtype: torch.dtype, what: str) -> None:
     if log_modulus.numel() == 0:
         return
-    top = float(log_modulus.max())
+    top = float(log_modulus.detach().max())
     limit = _max_log(dtype)
     if top > limit:
         real = torch.empty(0, dtype=dtype).real.dtype if dtype.is_complex else dtype
@@ -177,7 +177,7 @@ def _warn_underflow(log_modulus: Tensor, dtype: torch.dtype, what: str) -> None:
         return
     real = torch.empty(0, dtype=dtype).real.dtype if dtype.is_complex else dtype
     floor = math.log(torch.finfo(real).tiny)
-    if bool((log_modulus.max(dim=-1).values < floor).any()):
+    if bool((log_modulus.detach().max(dim=-1).values < floor).any()):
         warnings.warn(
             f"{what}: every feature of some inputs is below the smallest normal {real} "
             f"(exponent < {floor:.1f}), so they underflow to 0 and the kernel estimate is lost. "
