@@ -15,7 +15,7 @@ Neural Network Kernels* (ICLR 2024). It holds
   activation ``f`` is written as the inverse Fourier transform of its spectrum,
   :math:`f(u) = \\mathrm{Re} \\sum_k a_k e^{2\\pi i \\xi_k u}` (exact atoms for sin and cos,
   a fine grid of a windowed and optionally Gaussian-smoothed activation otherwise,
-  Appendix M), and :math:`e^{2\\pi i \\xi (w^\\top x + b)}` is linearised by the softmax
+  Appendix M, or of a transform given in closed form, :func:`spectrum_from_fourier`), and :math:`e^{2\\pi i \\xi (w^\\top x + b)}` is linearised by the softmax
   features applied to :math:`2\\pi i \\xi x` and :math:`w`. The complex features are
   returned as real vectors, so :math:`\\Phi_f(x)^\\top \\Psi_f(w, b)` is a real unbiased
   estimate of :math:`f(w^\\top x + b)`;
@@ -51,6 +51,7 @@ __all__ = [
     "sin_spectrum",
     "cos_spectrum",
     "activation_spectrum",
+    "spectrum_from_fourier",
     "spectrum_from_name",
     "URFMap",
     "arccos_kernel",
@@ -374,6 +375,36 @@ def activation_spectrum(
     ft *= np.exp(-2 * (np.pi * s * xi) ** 2)
     weights = torch.as_tensor(ft * dxi, dtype=torch.complex128)
     return _fold(Spectrum(f"{name}(R={r:g}, s={s:g})", torch.as_tensor(xi), weights, False))
+
+
+def spectrum_from_fourier(
+    fourier_transform: Callable[[np.ndarray], np.ndarray],
+    *,
+    xi_max: float,
+    num_atoms: int = 801,
+    name: str = "custom",
+) -> Spectrum:
+    """Grid spectrum from an activation's Fourier transform given in closed form (eq. 5).
+
+    ``fourier_transform(xi)`` returns :math:`\\mathrm{FT}_f(\\xi) = \\int f(z) e^{-2\\pi i\\xi z}dz`
+    (complex NumPy array) on an array of frequencies; it is sampled at ``num_atoms`` points
+    of :math:`[-\\xi_{max}, \\xi_{max}]` (weights :math:`\\mathrm{FT}_f(\\xi_k)\\Delta\\xi`) and
+    folded. Use it for a smoothed activation whose transform is known (Appendix M).
+    """
+    if not callable(fourier_transform):
+        raise TypeError(f"fourier_transform must be callable, got {fourier_transform!r}")
+    top = check_positive_float("xi_max", xi_max)
+    k = check_positive_int("num_atoms", num_atoms)
+    if k < 3 or k % 2 == 0:
+        raise ValueError(f"num_atoms must be an odd integer >= 3, got {k}")
+    xi = np.linspace(-top, top, k)
+    ft = np.asarray(fourier_transform(xi), dtype=np.complex128)
+    if ft.shape != xi.shape or not np.all(np.isfinite(ft)):
+        raise ValueError(
+            f"fourier_transform must return {k} finite values for {k} frequencies, got shape {ft.shape}"
+        )
+    weights = torch.as_tensor(ft * (xi[1] - xi[0]), dtype=torch.complex128)
+    return _fold(Spectrum(name, torch.as_tensor(xi), weights, False))
 
 
 def spectrum_from_name(activation: Union[str, Spectrum]) -> Spectrum:

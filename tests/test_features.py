@@ -35,6 +35,7 @@ from kernels.features import (
     optimal_a,
     sin_spectrum,
     softmax_features,
+    spectrum_from_fourier,
     softmax_kernel,
     spectrum_from_name,
 )
@@ -202,6 +203,23 @@ def test_numerical_fourier_transform_against_closed_form() -> None:
     var = 1.0 / (1.0 + 1.0 / r**2)
     exact = math.sqrt(var / (var + s**2)) * torch.exp(-(u**2) / (2 * (var + s**2)))
     torch.testing.assert_close(spec.evaluate(u), exact, atol=1e-6, rtol=0)
+
+
+def test_spectrum_from_closed_form_fourier_transform() -> None:
+    """exp(-u^2/2) has FT sqrt(2 pi) exp(-2 pi^2 xi^2); the URF layer built from it is unbiased."""
+    spec = spectrum_from_fourier(lambda xi: math.sqrt(2 * math.pi) * np.exp(-2 * (math.pi * xi) ** 2),
+                                 xi_max=1.5, num_atoms=601, name="gaussian")
+    u = torch.linspace(-3, 3, 61, dtype=F64)
+    torch.testing.assert_close(spec.evaluate(u), torch.exp(-0.5 * u**2), atol=1e-8, rtol=0)
+    d, m = 5, 4000
+    x, w = points(3, d, 40), points(2, d, 41)
+    b = torch.tensor([0.2, -0.7], dtype=F64)
+    fmap = URFMap(d, spec, m, generator=gen(42), dtype=F64)
+    assert_unbiased(urf_per_draw(fmap, x, w, b), torch.exp(-0.5 * (x @ w.T + b) ** 2))
+    with pytest.raises(ValueError, match="finite values"):
+        spectrum_from_fourier(lambda xi: xi[:3], xi_max=1.0, num_atoms=11)
+    with pytest.raises(TypeError, match="callable"):
+        spectrum_from_fourier(3.0, xi_max=1.0)
 
 
 def test_gelu_spectrum_close_to_gelu_near_zero() -> None:
