@@ -496,9 +496,11 @@ def compress_mlp(
     k = _check_k(k, p_inner)
     seed = _seed(seed)
     dtype, device = linear1.weight.dtype, linear1.weight.device
-    w1 = linear1.weight.detach().to(torch.float64)  # (p_I, p) = W1^T
-    b1 = _bias_or_zeros(linear1).to(torch.float64)  # (p_I,)
-    w2 = linear2.weight.detach().to(torch.float64)  # (p, p_I) = W2^T
+    # The new weights are computed on the CPU in float64 and cast back to the layers'
+    # dtype and device at the end (k-means runs on the CPU, see kmeans).
+    w1 = linear1.weight.detach().to("cpu", torch.float64)  # (p_I, p) = W1^T
+    b1 = _bias_or_zeros(linear1).to("cpu", torch.float64)  # (p_I,)
+    w2 = linear2.weight.detach().to("cpu", torch.float64)  # (p, p_I) = W2^T
     b2 = linear2.bias
 
     def build(n1: Tensor, nb1: Tensor, n2: Tensor, *, scale=None, mask1=None, mask2=None):
@@ -530,7 +532,7 @@ def compress_mlp(
         s = torch.randn(p_inner, k, generator=gen, dtype=torch.float64) / math.sqrt(k)
         return build(s.T @ w1, s.T @ b1, w2 @ s)
     if method == "mmd":
-        w = sub_mlp_embeddings(linear1, linear2).to(torch.float64)
+        w = sub_mlp_embeddings(linear1, linear2).to("cpu", torch.float64)
         y = _mmd_support(w, k, steps=mmd_steps, lr=mmd_lr, gen=gen)
         return build(y[:, :p], y[:, p], y[:, p + 1 :].T * (p_inner / k))
     if method == "svd":

@@ -442,3 +442,21 @@ def test_bad_kmeans_and_kernel_input():
         mlp_gradients(make_mlp(), lambda m: m(inputs()))
     with pytest.raises(ValueError, match="labels must lie"):
         clustering_matrix(torch.tensor([0, 3]), 3)
+
+
+# ---------------------------------------------------------------- devices
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+def test_compression_and_gradients_on_cuda():
+    mlp = make_mlp().cuda()
+    x = inputs().cuda()
+    for method in METHODS:
+        out = compress_sequential(mlp, 24, method=method, mmd_steps=3)
+        assert out[0].weight.device.type == "cuda" and out[2].scale.device.type == "cuda"
+    fused = compress_sequential(mlp, 24, method="fusion")
+    torch.testing.assert_close(fused(x), mlp(x))
+    u = torch.ones(6, dtype=F64, device="cuda")
+    g_ref = mlp_gradients(mlp, lambda m: m(x) @ u)
+    g_new = mlp_gradients(fused, lambda m: m(x) @ u)
+    assert kernel_error(sign_kernel(g_ref), sign_kernel(g_new)) < 1e-8 * float(sign_kernel(g_ref).norm())
