@@ -113,7 +113,7 @@ def main() -> None:
         for k in ks:
             ours = times[f"top{k}"]["median_s"]
             rows.append({
-                "case": f"top{k}_bundled", "k": k, "threads": threads,
+                "case": f"top{k}_bundled_{threads}thread", "k": k, "threads": threads,
                 "shape": f"{batch} x {TOKENS} tokens",
                 "ours": f"MiniLM, top {k} FFN blocks bundled (M = {FEATURES})", "ours_s": ours,
                 "ref": "MiniLM, original", "ref_s": ref, "speedup": ref / ours,
