@@ -14,7 +14,7 @@ This module is the first half of the package side of chapter 5
   tensors. :math:`H_d` is symmetric, so the backward pass is the same transform;
 * :func:`hadamard_matrix` (dense, for checks) and :func:`dct_matrix` (orthonormal DCT-II);
 * the projections :math:`\\mathbb R^{d_{in}} \\to \\mathbb R^{d_{out}}` compared in Fig. 4
-  of Zeng et al. (2024): :class:`DenseProjection`, :class:`ACDCProjection` (eq. 18,
+  of Zeng et al. (2023): :class:`DenseProjection`, :class:`ACDCProjection` (eq. 18,
   :math:`\\prod_i A_i C D_i C^{-1}` with :math:`C` the DCT or, as in eq. 17, the
   Hadamard transform) and :class:`BHProjection` (eq. 19, :math:`\\prod_{i=1}^m B_i H`
   with block-diagonal :math:`B_i`; ``m = 4`` is the paper's BH4, :func:`BH4`);
@@ -27,8 +27,8 @@ power of two :math:`d_p` and, when ``d_out`` exceeds :math:`d_p`, runs
 concatenates them (the construction that reproduces the paper's FLOP counts), keeping
 the first ``d_out`` outputs.
 
-Reference: Zeng, Davies, Pulijala, Sankaralingam and Singh (2024), *LookupFFN: Making
-Transformers Compute-lite for CPU Inference*, ICML (``zeng2024lookupffn`` in
+Reference: Zeng, Davies, Pulijala, Sankaralingam and Singh (2023), *LookupFFN: Making
+Transformers Compute-lite for CPU Inference*, ICML (``zeng2023lookupffn`` in
 ``book/references.bib``); Moczulski et al. (2016), *ACDC: a structured efficient linear
 layer*.
 """

@@ -1,4 +1,4 @@
-"""LookupFFN: a feed-forward layer as differentiable table lookups (Zeng et al., 2024).
+"""LookupFFN: a feed-forward layer as differentiable table lookups (Zeng et al., 2023).
 
 This module is the second half of the package side of chapter 5
 (``chapters/05_lookupffn.ipynb``). For an input :math:`x \\in \\mathbb R^{d}` a LookupFFN
@@ -45,8 +45,8 @@ Layout: tokens are rows of ``(..., d)`` tensors; ``z`` is ``(..., h * tau)`` wit
 ``k`` reading ``z[..., k * tau : (k + 1) * tau]``; tables are ``(h, 2**tau, d_out)``.
 Bit ``j`` of a code is coordinate ``j`` of ``z_k``.
 
-Reference: Zeng, Davies, Pulijala, Sankaralingam and Singh (2024), *LookupFFN: Making
-Transformers Compute-lite for CPU Inference*, ICML (``zeng2024lookupffn``).
+Reference: Zeng, Davies, Pulijala, Sankaralingam and Singh (2023), *LookupFFN: Making
+Transformers Compute-lite for CPU Inference*, ICML (``zeng2023lookupffn``).
 """
 
 from __future__ import annotations
@@ -227,9 +227,9 @@ class LookupGatherFunction(torch.autograd.Function):
       :math:`s_k = \\sum_j |z_{kj}|`),
       :math:`\\mathrm{sign}(z_{kj})\\, w_k\\, (1 + s_k (1 - \\tanh|z_{kj}|))`.
 
-    The inner products :math:`\\langle G, [T_k]_{g_k}\\rangle` are computed in chunks of
-    tokens so that the gathered rows never exceed ~16 Mi entries at once.
-    Once differentiable.
+    The scatter-add and the inner products :math:`\\langle G, [T_k]_{g_k}\\rangle` are
+    ``embedding_bag``'s native backward (no ``(tokens, h, d_out)`` tensor); the chain rule
+    from the weights to ``z`` is written out here. Once differentiable.
     """
 
     @staticmethod
@@ -265,21 +265,21 @@ class LookupGatherFunction(torch.autograd.Function):
         a = z2.abs()
         w = torch.exp(F.logsigmoid(2 * a).sum(-1))  # (n, h), eq. 13
         s = a.sum(-1)
-        grad_z = grad_t = None
-        if ctx.needs_input_grad[1]:
-            weight = w * s if ctx.scaled else w
-            contrib = (weight.unsqueeze(-1) * g.unsqueeze(1)).reshape(n * h, d_out)
-            grad_t = torch.zeros(h * rows, d_out, dtype=tables.dtype, device=tables.device)
-            grad_t.index_add_(0, flat.reshape(-1), contrib)
-            grad_t = grad_t.reshape(h, rows, d_out)
-        if ctx.needs_input_grad[0]:
-            table_rows = tables.reshape(h * rows, d_out)
-            dots = torch.empty(n, h, dtype=z.dtype, device=z.device)
-            chunk = max(1, (1 << 24) // max(1, h * d_out))
-            for start in range(0, n, chunk):
-                stop = min(n, start + chunk)
-                gathered = table_rows[flat[start:stop]]  # (chunk, h, d_out)
-                dots[start:stop] = torch.einsum("nkd,nd->nk", gathered, g[start:stop])
+        weight = w * s if ctx.scaled else w
+        need_z, need_t = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # The gather's adjoint -- scatter w_k G into the rows read, and the inner products
+        # <G, [T_k]_{g_k}> -- is embedding_bag's own backward (native, nothing of size
+        # (tokens, h, d_out) is formed); the chain rule to z below is ours.
+        with torch.enable_grad():
+            rows_leaf = tables.detach().reshape(h * rows, d_out).requires_grad_(need_t)
+            weight_leaf = weight.detach().requires_grad_(need_z)
+            y = F.embedding_bag(flat, rows_leaf, mode="sum", per_sample_weights=weight_leaf)
+            leaves = [t for t, need in ((rows_leaf, need_t), (weight_leaf, need_z)) if need]
+            grads = list(torch.autograd.grad(y, leaves, g))
+        grad_t = grads.pop(0).reshape(h, rows, d_out) if need_t else None
+        grad_z = None
+        if need_z:
+            dots = grads.pop(0)  # (n, h): <G, [T_k]_{g_k}>
             one_minus_tanh = 1 - torch.tanh(a)
             if ctx.scaled:
                 dw = w.unsqueeze(-1) * (1 + s.unsqueeze(-1) * one_minus_tanh)

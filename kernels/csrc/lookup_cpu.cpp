@@ -145,7 +145,7 @@ torch::Tensor fwht_cpu(const torch::Tensor& x, bool normalized) {
 }
 
 // ---------------------------------------------------------------- fused LookupFFN
-// For each token t and table k (eqs. 12-14 and 20 of Zeng et al., 2024):
+// For each token t and table k (eqs. 12-14 and 20 of Zeng et al., 2023):
 //   code_k   = sum_j [z_kj > 0] 2^j                          (decimal(sign z_k))
 //   weight_k = prod_j sigma(2 |z_kj|)                          (eq. 13, top numerator over
 //                                                               the eq. 11 denominator)
