@@ -217,7 +217,7 @@ def test_bundled_network_fit_closed_form() -> None:
     w, b = least_squares(net.features(x), y, ridge=1e-6)
     torch.testing.assert_close(net.weight.detach(), w)
     # no backprop needed and far better than the mean predictor
-    mse = float(((net(x) - y) ** 2).mean())
+    mse = float(((net(x).detach() - y) ** 2).mean())
     assert mse < 0.1 * float(y.var())
     # the residual is orthogonal to the features (normal equations) when ridge = 0
     net.fit(x, y)
