@@ -234,7 +234,11 @@ def _sq_dists(x: Tensor, x_sq: Tensor, c: Tensor) -> Tensor:
 
 
 def _kmeans_pp(x: Tensor, x_sq: Tensor, k: int, gen: torch.Generator) -> Tensor:
+    """Greedy k-means++ (Arthur & Vassilvitskii 2007, the variant scikit-learn uses): each
+    new centre is the best, by the resulting potential, of ``2 + log k`` candidates drawn
+    with probability proportional to the squared distance to the nearest chosen centre."""
     n = x.shape[0]
+    trials = 2 + int(math.log(k))
     first = int(torch.randint(n, (1,), generator=gen))
     idx = [first]
     d2 = _sq_dists(x, x_sq, x[first : first + 1])[:, 0]
@@ -245,10 +249,14 @@ def _kmeans_pp(x: Tensor, x_sq: Tensor, k: int, gen: torch.Generator) -> Tensor:
             free = torch.ones(n, dtype=torch.bool)
             free[idx] = False
             nxt = int(torch.nonzero(free)[0])
+            d2 = torch.minimum(d2, _sq_dists(x, x_sq, x[nxt : nxt + 1])[:, 0])
         else:
-            nxt = int(torch.multinomial(d2 / total, 1, generator=gen))
+            cand = torch.multinomial(d2 / total, trials, replacement=True, generator=gen)
+            cand_d2 = torch.minimum(d2[None, :], _sq_dists(x, x_sq, x[cand]).T)  # (trials, n)
+            best = int(torch.argmin(cand_d2.sum(1)))
+            nxt = int(cand[best])
+            d2 = cand_d2[best]
         idx.append(nxt)
-        d2 = torch.minimum(d2, _sq_dists(x, x_sq, x[nxt : nxt + 1])[:, 0])
     return x[idx].clone()
 
 
@@ -286,7 +294,7 @@ def kmeans(
     tol: float = 1e-8,
     seed: int = 0,
 ) -> KMeansResult:
-    """k-means clustering (Lloyd's algorithm) with k-means++ seeding and ``n_init``
+    """k-means clustering (Lloyd's algorithm) with greedy k-means++ seeding and ``n_init``
     restarts; the restart with the lowest inertia wins.
 
     Deterministic for a given ``seed`` (all draws come from one ``torch.Generator``
