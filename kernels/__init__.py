@@ -5,6 +5,7 @@ Each module implements the methods one chapter derives (see ``chapters/``):
 * :mod:`kernels.ntk` -- empirical and infinite-width neural tangent kernels (chapter 1).
 * :mod:`kernels.features`, :mod:`kernels.snnk` -- universal random features, SNNK layers, bundling (chapters 2, 3).
 * :mod:`kernels.toeplitz` -- Toeplitz neural operators: TNO, SKI-TNO, FD-TNO (chapter 4).
+* :mod:`kernels.hadamard`, :mod:`kernels.lookup` -- fast Walsh-Hadamard transform, BH4 projections, LookupFFN with a compiled CPU kernel (chapter 5).
 * :mod:`kernels.fusion` -- MLP fusion: clustering sub-MLPs, compressed FFNs, NTK errors (chapter 6).
 
 Shared plumbing lives in :mod:`kernels.device` (device selection) and
