@@ -75,5 +75,11 @@ else
     "${pip[@]}" install --quiet "${torch_args[@]}" -c constraints.txt torch
     "${pip[@]}" install --quiet -c constraints.txt -e ".[test]"
 fi
+# Chapter 5's compiled CPU kernels (kernels/csrc, g++ and ninja): build them now so
+# that the first notebook or test does not pay for it. Without a compiler the package
+# falls back to pure torch (the tests of the compiled path then fail and say why).
+if ! "$VENV/bin/python" -m kernels._ext; then
+    echo "setup_env: WARNING: the C++ extension did not build; kernels.hadamard/lookup use pure torch" >&2
+fi
 echo "$want" > "$stamp"
 echo "setup_env: $VENV is ready ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
