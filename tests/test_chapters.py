@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 import run_chapters
-from glued import read_glued
+from glued import glued_names, read_glued
 
 EXPECTED = Path(__file__).resolve().parent / "expected"
 CHAPTERS = run_chapters.chapter_names()
@@ -101,6 +101,18 @@ def test_glued_result_matches_expected(executed_chapters, chapter: str, name: st
     assert name in glued, f"{chapter} did not glue {name!r} (glued: {sorted(glued)})"
     errors = check_value(name, glued[name], spec, glued)
     assert not errors, f"{chapter}: claim '{spec['claim']}' fails: " + "; ".join(errors)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_each_result_is_glued_once(executed_chapters, chapter: str) -> None:
+    # A name glued twice (say inside a loop) makes the book build warn, which fails it.
+    result = executed_result(executed_chapters, chapter)
+    if result.status != "ok":
+        pytest.fail(f"{chapter} did not execute ({result.status}); see its own test")
+    names = glued_names(result.output)
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    assert not repeated, f"{chapter} glues these names more than once: {repeated}"
 
 
 def test_check_value_catches_violations() -> None:

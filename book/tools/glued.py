@@ -37,3 +37,14 @@ def read_glued(path: str | Path) -> dict[str, Any]:
             if key in out.get("data", {}):
                 values[meta["name"]] = _parse(out["data"][key])
     return values
+
+
+def glued_names(path: str | Path) -> list[str]:
+    """Every glued name in execution order, repeats included (myst-nb warns on a repeat)."""
+    nb = nbformat.read(str(path), as_version=4)
+    return [
+        out["metadata"]["scrapbook"]["name"]
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+        if out.get("metadata", {}).get("scrapbook")
+    ]
