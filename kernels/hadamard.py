@@ -219,6 +219,16 @@ def _layout(d_in: int, d_out: int) -> tuple[int, int]:
     return d_pad, -(-d_out // d_pad)
 
 
+def _check_projection_input(x: Tensor, in_features: int) -> Tensor:
+    """A tensor whose last dimension is ``in_features`` (the projections' input check)."""
+    check_tensor("x", x, finite=False)
+    if x.ndim == 0 or x.shape[-1] != in_features:
+        raise ValueError(
+            f"x must have last dimension in_features={in_features}, got shape {tuple(x.shape)}"
+        )
+    return x
+
+
 class _Structured(nn.Module):
     """Shared plumbing: pad the input to ``d_pad``, run ``copies`` copies, crop."""
 
@@ -229,12 +239,7 @@ class _Structured(nn.Module):
         self.d_pad, self.copies = _layout(self.in_features, self.out_features)
 
     def _expand(self, x: Tensor) -> Tensor:
-        check_tensor("x", x, finite=False)
-        if x.ndim == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(
-                f"x must have last dimension in_features={self.in_features}, got shape "
-                f"{tuple(x.shape)}"
-            )
+        x = _check_projection_input(x, self.in_features)
         if self.d_pad != self.in_features:
             x = nn.functional.pad(x, (0, self.d_pad - self.in_features))
         return x.unsqueeze(-2).expand(*x.shape[:-1], self.copies, self.d_pad)
@@ -262,13 +267,7 @@ class DenseProjection(nn.Module):
         self.weight = nn.Parameter(weight / math.sqrt(in_features))
 
     def forward(self, x: Tensor) -> Tensor:
-        check_tensor("x", x, finite=False)
-        if x.ndim == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(
-                f"x must have last dimension in_features={self.in_features}, got shape "
-                f"{tuple(x.shape)}"
-            )
-        return x @ self.weight
+        return _check_projection_input(x, self.in_features) @ self.weight
 
     def dense_matrix(self) -> Tensor:
         return self.weight.detach().clone()
