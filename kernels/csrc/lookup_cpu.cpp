@@ -271,6 +271,30 @@ inline void block_matmul_tile(const T* __restrict in, T* __restrict out,
   }
 }
 
+// BH projection of one tile of `count` <= kTile tokens (rows of `x`, stride d_in):
+// for each of `copies` copies, zero-pad to dp, then m rounds of block matmul + FWHT, and
+// write the first `width` outputs of the concatenated copies to rows of `out` (stride
+// out_stride). `cur`/`tmp` are kTile * dp scratch buffers. Shared by the fused LookupFFN
+// kernel and the stand-alone projection.
+template <typename T>
+void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_t count,
+                     int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
+                     int64_t width, int64_t out_stride, T scale) {
+  for (int64_t c = 0; c < copies; ++c) {
+    std::fill(cur, cur + kTile * dp, T(0));
+    for (int64_t t = 0; t < count; ++t)
+      std::copy(x + t * d_in, x + (t + 1) * d_in, cur + t * dp);
+    for (int64_t i = 0; i < m; ++i) {
+      block_matmul_tile<T>(cur, tmp, blocks + (i * copies + c) * dp * b, dp, b);
+      for (int64_t t = 0; t < kTile; ++t)
+        fwht_row<T>(tmp + t * dp, cur + t * dp, dp, scale);
+    }
+    const int64_t lo = c * dp, hi = std::min<int64_t>(width, (c + 1) * dp);
+    for (int64_t t = 0; t < count; ++t)
+      std::copy(cur + t * dp, cur + t * dp + (hi - lo), out + t * out_stride + lo);
+  }
+}
+
 template <typename T>
 void lookup_bh_tokens(const T* x, const T* blocks, const T* tables, T* y, int64_t n,
                       int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
@@ -285,19 +309,8 @@ void lookup_bh_tokens(const T* x, const T* blocks, const T* tables, T* y, int64_
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t t_first = tile * kTile;
       const int64_t count = std::min<int64_t>(kTile, n - t_first);
-      for (int64_t c = 0; c < copies; ++c) {
-        std::fill(cur.begin(), cur.end(), T(0));
-        for (int64_t t = 0; t < count; ++t)
-          std::copy(x + (t_first + t) * d_in, x + (t_first + t + 1) * d_in, cur.data() + t * dp);
-        for (int64_t i = 0; i < m; ++i) {
-          block_matmul_tile<T>(cur.data(), tmp.data(), blocks + (i * copies + c) * dp * b, dp, b);
-          for (int64_t t = 0; t < kTile; ++t)
-            fwht_row<T>(tmp.data() + t * dp, cur.data() + t * dp, dp, scale);
-        }
-        const int64_t lo = c * dp, hi = std::min<int64_t>(ht, (c + 1) * dp);
-        for (int64_t t = 0; t < count; ++t)
-          std::copy(cur.data() + t * dp, cur.data() + t * dp + (hi - lo), z.data() + t * ht + lo);
-      }
+      bh_project_tile<T>(x + t_first * d_in, blocks, cur.data(), tmp.data(), z.data(), count,
+                         d_in, m, copies, dp, b, ht, ht, scale);
       for (int64_t t = 0; t < count; ++t)
         lookup_token<T>(z.data() + t * ht, tables, y + (t_first + t) * d, expo.data(),
                         codes.data(), weights.data(), h, tau, d, scaled);
@@ -345,19 +358,8 @@ torch::Tensor bh_project_cpu(const torch::Tensor& x, const torch::Tensor& blocks
       for (int64_t tile = begin; tile < end; ++tile) {
         const int64_t t_first = tile * kTile;
         const int64_t count = std::min<int64_t>(kTile, n - t_first);
-        for (int64_t c = 0; c < copies; ++c) {
-          std::fill(cur.begin(), cur.end(), T(0));
-          for (int64_t t = 0; t < count; ++t)
-            std::copy(xp + (t_first + t) * d_in, xp + (t_first + t + 1) * d_in, cur.data() + t * dp);
-          for (int64_t i = 0; i < m; ++i) {
-            block_matmul_tile<T>(cur.data(), tmp.data(), bp + (i * copies + c) * dp * b, dp, b);
-            for (int64_t t = 0; t < kTile; ++t)
-              fwht_row<T>(tmp.data() + t * dp, cur.data() + t * dp, dp, scale);
-          }
-          const int64_t lo = c * dp, hi = std::min<int64_t>(d_out, (c + 1) * dp);
-          for (int64_t t = 0; t < count; ++t)
-            std::copy(cur.data() + t * dp, cur.data() + t * dp + (hi - lo), zp + (t_first + t) * d_out + lo);
-        }
+        bh_project_tile<T>(xp + t_first * d_in, bp, cur.data(), tmp.data(), zp + t_first * d_out,
+                           count, d_in, m, copies, dp, b, d_out, d_out, scale);
       }
     });
   });
