@@ -959,9 +959,16 @@ def fc_kernel(
 # --------------------------------------------------------------------------------------
 
 
-def _check_kernel_and_targets(
-    ntk_train_train: Tensor, y_train: Tensor
-) -> tuple[Tensor, Tensor]:
+def _check_mse_arguments(
+    ntk_train_train: Tensor,
+    y_train: Tensor,
+    f0_train: Optional[Tensor],
+    learning_rate: float,
+) -> tuple[Tensor, Tensor, Optional[Tensor], float]:
+    """The arguments shared by :func:`gd_mse_predictor` and :func:`mse_loss_curve`,
+    checked in that order: kernel ``(N, N)``, targets ``(N,)`` or ``(N, k)`` on the
+    kernel's device, ``learning_rate > 0``, ``f0_train`` shaped like the targets (or
+    ``None``). Returns ``(ntk_train_train, y_train, f0_train, eta)``."""
     ntk_train_train = check_tensor("ntk_train_train", ntk_train_train, ndim=2)
     n = ntk_train_train.shape[0]
     if ntk_train_train.shape[1] != n:
@@ -979,7 +986,11 @@ def _check_kernel_and_targets(
             f"y_train is on {y_train.device} but ntk_train_train is on "
             f"{ntk_train_train.device}"
         )
-    return ntk_train_train, y_train
+    eta = check_positive_float("learning_rate", learning_rate)
+    f0_train = _check_like(
+        "f0_train", f0_train, tuple(y_train.shape), ntk_train_train.device
+    )
+    return ntk_train_train, y_train, f0_train, eta
 
 
 def _check_like(
@@ -1004,6 +1015,32 @@ def _eigh_psd(theta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     tol = evals.max().clamp_min(0.0) * theta.shape[0] * torch.finfo(evals.dtype).eps
     positive = evals > tol
     return evals, evecs, positive
+
+
+class _TrainSpectrum(NamedTuple):
+    """Float64 eigenbasis of the training kernel and the training problem in it."""
+
+    evals: Tensor  #: (N,) eigenvalues, clamped at 0
+    evecs: Tensor  #: (N, N) eigenvectors, one per column
+    positive: Tensor  #: (N,) bool, numerically positive eigenvalues
+    targets: Tensor  #: (N, k) Y in float64
+    residual: Tensor  #: (N, k) V^T (f0(X) - Y), the initial residual per eigenvector
+
+
+def _train_spectrum(
+    ntk_train_train: Tensor, y_train: Tensor, f0_train: Optional[Tensor]
+) -> _TrainSpectrum:
+    """Eigendecomposition :math:`\\Theta = V\\Lambda V^\\top` of checked arguments (see
+    :func:`_check_mse_arguments`) and the initial residual :math:`V^\\top(f_0(X) - Y)`
+    (:math:`f_0 = 0` when ``f0_train`` is ``None``), all in float64.
+    Cost :math:`O(N^3 + N^2 k)`."""
+    n = ntk_train_train.shape[0]
+    f64 = torch.float64
+    evals, evecs, positive = _eigh_psd(ntk_train_train.to(f64))
+    y = y_train.to(f64).reshape(n, -1)
+    f0 = torch.zeros_like(y) if f0_train is None else f0_train.to(f64).reshape(n, -1)
+    residual = evecs.T @ (f0 - y)
+    return _TrainSpectrum(evals, evecs, positive, y, residual)
 
 
 def _check_times(t: object) -> tuple[Tensor, bool]:
@@ -1083,13 +1120,13 @@ def gd_mse_predictor(
         leading time axis of length ``T``; ``f_test_t`` is ``None`` without
         ``ntk_test_train``.
     """
-    ntk_train_train, y_train = _check_kernel_and_targets(ntk_train_train, y_train)
-    eta = check_positive_float("learning_rate", learning_rate)
+    ntk_train_train, y_train, f0_train, eta = _check_mse_arguments(
+        ntk_train_train, y_train, f0_train, learning_rate
+    )
     n = ntk_train_train.shape[0]
     device = ntk_train_train.device
     out_dtype = ntk_train_train.dtype
     tail = tuple(y_train.shape[1:])
-    f0_train = _check_like("f0_train", f0_train, tuple(y_train.shape), device)
     if ntk_test_train is not None:
         ntk_test_train = check_tensor("ntk_test_train", ntk_test_train, ndim=2)
         if ntk_test_train.shape[1] != n:
@@ -1103,11 +1140,10 @@ def gd_mse_predictor(
         raise ValueError("f0_test was given without ntk_test_train")
 
     f64 = torch.float64
-    evals, evecs, positive = _eigh_psd(ntk_train_train.to(f64))
-    y = y_train.to(f64).reshape(n, -1)
-    f0 = torch.zeros_like(y) if f0_train is None else f0_train.to(f64).reshape(n, -1)
-    # Residual at initialization in the eigenbasis: r_k = v_k . (f0 - Y).
-    residual = evecs.T @ (f0 - y)  # (N, k)
+    # Residual at initialization in the eigenbasis: r_k = v_k . (f0 - Y), (N, k).
+    evals, evecs, positive, y, residual = _train_spectrum(
+        ntk_train_train, y_train, f0_train
+    )
     test_basis = None
     f0_star = None
     if ntk_test_train is not None:
@@ -1184,19 +1220,15 @@ def mse_loss_curve(
         times: non-negative time(s); ``inf`` allowed.
         learning_rate: :math:`\\eta > 0`.
     """
-    ntk_train_train, y_train = _check_kernel_and_targets(ntk_train_train, y_train)
-    eta = check_positive_float("learning_rate", learning_rate)
-    f0_train = _check_like(
-        "f0_train", f0_train, tuple(y_train.shape), ntk_train_train.device
+    ntk_train_train, y_train, f0_train, eta = _check_mse_arguments(
+        ntk_train_train, y_train, f0_train, learning_rate
     )
     t, scalar = _check_times(times)
     n = ntk_train_train.shape[0]
     f64 = torch.float64
-    evals, evecs, positive = _eigh_psd(ntk_train_train.to(f64))
-    dy = y_train.to(f64).reshape(n, -1)
-    if f0_train is not None:
-        dy = dy - f0_train.to(f64).reshape(n, -1)
-    weights = ((evecs.T @ dy) ** 2).sum(1)  # (N,)
+    evals, _, positive, _, residual = _train_spectrum(ntk_train_train, y_train, f0_train)
+    # ||v_k^T dy||^2 with dy = Y - f0 = -residual_k.
+    weights = (residual**2).sum(1)  # (N,)
     t = t.to(ntk_train_train.device)
     finite = torch.isfinite(t)[:, None]
     tt = torch.where(finite, t[:, None], torch.zeros_like(t[:, None]))
