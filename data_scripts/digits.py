@@ -20,6 +20,8 @@ from typing import Tuple
 import numpy as np
 import torch
 
+from data_scripts._checks import check_int as _check_int
+
 __all__ = ["N_DIGITS", "N_PIXELS", "N_CLASSES", "load_digits_split", "centered_one_hot"]
 
 #: Number of images in scikit-learn's digits dataset.
@@ -28,16 +30,6 @@ N_DIGITS = 1797
 N_PIXELS = 64
 #: Number of classes (the digits 0-9).
 N_CLASSES = 10
-
-
-def _check_count(name: str, value: object, *, allow_zero: bool) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = int(value)  # type: ignore[call-overload]
-    low = 0 if allow_zero else 1
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
 
 
 def centered_one_hot(labels: torch.Tensor, n_classes: int, *, dtype: torch.dtype) -> torch.Tensor:
@@ -83,14 +75,14 @@ def load_digits_split(
     Raises:
         ValueError / TypeError naming the argument when an argument is out of range.
     """
-    n_train = _check_count("n_train", n_train, allow_zero=False)
-    n_test = _check_count("n_test", n_test, allow_zero=True)
+    n_train = _check_int("n_train", n_train, low=1)
+    n_test = _check_int("n_test", n_test, low=0)
     if n_train + n_test > N_DIGITS:
         raise ValueError(
             f"n_train + n_test must be <= {N_DIGITS} (the size of the digits dataset), "
             f"got n_train={n_train}, n_test={n_test}"
         )
-    seed = _check_count("seed", seed, allow_zero=True)
+    seed = _check_int("seed", seed, low=0)
     if isinstance(radius, bool) or not isinstance(radius, (int, float)):
         raise TypeError(f"radius must be a real number, got {radius!r}")
     if not np.isfinite(radius) or radius <= 0:
