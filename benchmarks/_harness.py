@@ -172,29 +172,48 @@ def run_worker(
     return json.loads(lines[-1])
 
 
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Rows of a results file as a GitHub markdown table."""
+def markdown_table(
+    rows: Sequence[dict[str, Any]],
+    *,
+    size_key: Optional[str] = None,
+    fastest: bool = False,
+    memory: bool = True,
+    ms_decimals: int = 1,
+) -> str:
+    """Rows of a results file as a GitHub markdown table.
+
+    Columns: case, [``size_key``], shape, ours, ours time, reference, ref time, speedup
+    (ref/ours), [speedup of fastest runs], [ours peak MiB, ref peak MiB], goal, met. The
+    optional ones: ``size_key`` names a row key (e.g. ``"n"``) shown as its own column
+    after the case; ``fastest`` adds the rows' ``speedup_of_min``; ``memory=False``
+    drops the two peak-memory columns (with them, a row without ``*_peak_mb`` shows
+    "n/a"). Times under one second are printed in ms with ``ms_decimals`` decimals.
+    Rows without a goal leave "goal" and "met" empty.
+    """
 
     def fmt_s(v: float) -> str:
-        return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
+        return f"{v * 1e3:.{ms_decimals}f} ms" if v < 1 else f"{v:.2f} s"
 
     def fmt_mb(v: Optional[float]) -> str:
         return "n/a" if v is None else f"{v:.0f}"
 
-    lines = [
-        "| case | shape | ours | ours time | reference | ref time | speedup (ref/ours) "
-        "| ours peak MiB | ref peak MiB | goal | met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["case"] + ([size_key] if size_key else [])
+    header += ["shape", "ours", "ours time", "reference", "ref time", "speedup (ref/ours)"]
+    header += ["speedup of fastest runs"] if fastest else []
+    header += ["ours peak MiB", "ref peak MiB"] if memory else []
+    header += ["goal", "met"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        # Rows without a goal leave "goal" and "met" empty; memory is optional.
         goal = r.get("goal") or ""
         met = ("yes" if r.get("goal_met") else "**NO**") if goal else ""
-        lines.append(
-            f"| {r['case']} | {r['shape']} | {r['ours']} | {fmt_s(r['ours_s'])} | {r['ref']} "
-            f"| {fmt_s(r['ref_s'])} | {r['speedup']:.2f}x | {fmt_mb(r.get('ours_peak_mb'))} "
-            f"| {fmt_mb(r.get('ref_peak_mb'))} | {goal} | {met} |"
-        )
+        cells = [str(r["case"])] + ([str(r[size_key])] if size_key else [])
+        cells += [str(r["shape"]), str(r["ours"]), fmt_s(r["ours_s"]), str(r["ref"])]
+        cells += [fmt_s(r["ref_s"]), f"{r['speedup']:.2f}x"]
+        cells += [f"{r['speedup_of_min']:.2f}x"] if fastest else []
+        if memory:
+            cells += [fmt_mb(r.get("ours_peak_mb")), fmt_mb(r.get("ref_peak_mb"))]
+        cells += [goal, met]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import RESULTS_DIR, machine_info, time_interleaved  # noqa: E402
+from _harness import RESULTS_DIR, machine_info, markdown_table, time_interleaved  # noqa: E402
 
 from kernels.toeplitz import FDTNO, SKITNO, TNO, toeplitz_dense, toeplitz_matvec  # noqa: E402
 
@@ -196,20 +196,9 @@ def _fmt_s(v: float) -> str:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """Rows as a markdown table (rows without a goal show an empty 'met' column)."""
-    lines = [
-        "| case | n | shape | ours | ours time | reference | ref time | speedup (ref/ours) "
-        "| speedup of fastest runs | goal | met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        met = "" if r["goal_met"] is None else ("yes" if r["goal_met"] else "**NO**")
-        lines.append(
-            f"| {r['case']} | {r['n']} | {r['shape']} | {r['ours']} | {_fmt_s(r['ours_s'])} "
-            f"| {r['ref']} | {_fmt_s(r['ref_s'])} | {r['speedup']:.2f}x "
-            f"| {r['speedup_of_min']:.2f}x | {r['goal'] or ''} | {met} |"
-        )
-    return "\n".join(lines)
+    """Rows as a markdown table: :func:`_harness.markdown_table` with an ``n`` column,
+    the speedup of the fastest repeats, no memory columns and times to 0.01 ms."""
+    return markdown_table(rows, size_key="n", fastest=True, memory=False, ms_decimals=2)
 
 
 NOTES = """
