@@ -26,7 +26,6 @@ bundled blocks on a free Google Colab machine; this file records what a CPU give
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 from pathlib import Path
@@ -39,47 +38,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _harness import machine_info, time_interleaved, write_results  # noqa: E402
 
 from data_scripts.sentences import load_minilm  # noqa: E402
-from kernels.snnk import SNNKLinear, bundle  # noqa: E402
+from kernels.snnk import SNNKLinear, bert_snnk_counts, bundle, with_bundled_ffn  # noqa: E402
 
 FEATURES = 8
 BATCH, TOKENS = 64, 128
 
 
-class FeatureTower(nn.Module):
-    """Phi of a bundled block, in place of BertIntermediate: (..., d) -> (..., M)."""
-
-    def __init__(self, feature_map: nn.Module) -> None:
-        super().__init__()
-        self.feature_map = feature_map
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.feature_map.phi(x)
-
-
 def bundled_copy(model: nn.Module, k: int, features: int = FEATURES) -> nn.Module:
     """A copy of ``model`` whose top ``k`` FFN blocks are bundled SNNK blocks (Sec. 4.4 / J.4)."""
-    new = copy.deepcopy(model)
-    layers = new.encoder.layer
+    layers = model.encoder.layer
     gen = torch.Generator().manual_seed(0)
+    bundles = {}
     for i in range(len(layers) - k, len(layers)):
         snnk = SNNKLinear.from_linear(layers[i].intermediate.dense, "relu", features, generator=gen)
-        net = bundle([snnk, layers[i].output.dense])
-        down = nn.Linear(net.weight.shape[1], net.weight.shape[0])
-        with torch.no_grad():
-            down.weight.copy_(net.weight)
-            down.bias.copy_(net.bias)
-        layers[i].intermediate = FeatureTower(net.feature_maps[0])
-        layers[i].output.dense = down
-    return new.eval()
+        bundles[i] = bundle([snnk, layers[i].output.dense])
+    return with_bundled_ffn(model, bundles)
 
 
 def macs(config, k: int, features: int, batch: int, tokens: int) -> int:
     """Multiply-adds of encoder + pooler with the top k FFN blocks bundled (Table 6 convention)."""
-    d, inner, n_layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    attention = 4 * d * d + 2 * tokens * d
-    ffn = 2 * d * inner
-    bundled = features * (d + 1) + d * features
-    return batch * tokens * (n_layers * attention + (n_layers - k) * ffn + k * bundled) + batch * d * d
+    return bert_snnk_counts(
+        config.hidden_size, config.num_hidden_layers, config.intermediate_size, config.vocab_size,
+        config.max_position_embeddings, replaced=k, num_features=features, batch=batch, tokens=tokens,
+    )["macs_infer"]
 
 
 def main() -> None:

@@ -166,7 +166,9 @@ def _warn_overflow(log_modulus: Tensor, dtype: torch.dtype, what: str) -> None:
         real = torch.empty(0, dtype=dtype).real.dtype if dtype.is_complex else dtype
         warnings.warn(
             f"{what}: exponent up to {top:.1f} exceeds log(max {real}) = {limit:.1f}, so some "
-            "features are inf. Fix: scale the inputs down (e.g. by 1/sqrt(d)), use float64, "
+            "features are inf. Fix: scale the inputs down (e.g. by 1/sqrt(d); in an SNNK layer, "
+            "SNNKLinear(..., input_scale=kernels.snnk.balanced_input_scale(x, weight, activation)) "
+            "scales x down and the weights up, which keeps the estimate unbiased), use float64, "
             "or pick A < 0 (optimal_a) / fewer high frequencies (wider smoothing).",
             FeatureOverflowWarning,
             stacklevel=3,

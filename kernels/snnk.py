@@ -32,20 +32,27 @@ Bundling API (Sec. 3.3, eq. 14) -- what chapter 3 uses
     ``BundledNetwork.untrained(d_in, d_out, ["relu", "relu"], m)`` builds the feature
     pipeline of a fully bundled network with random weights, and
     ``net.fit(x, y, ridge=lam)`` sets ``weight``/``bias`` by closed-form least squares
-    (:func:`least_squares`; no backpropagation). ``net.parameter_count()`` and
-    ``net.flops_per_input()`` give the storage/FLOP figures for tables.
+    (:func:`least_squares`; no backpropagation; :func:`ridge_cv` picks the ridge by
+    k-fold cross-validation). ``net.parameter_count()`` and ``net.flops_per_input()``
+    give the storage/FLOP figures for tables, :func:`bert_snnk_counts` the whole-model
+    counts of the paper's Table 6. ``net.as_modules()`` splits a bundle into a
+    :class:`FeatureTower` and an ``nn.Linear`` for model surgery, and
+    :func:`with_bundled_ffn` swaps bundles into the FFN blocks of a BERT encoder.
+    Bundling a ReLU-SNNK layer after another layer is biased (:class:`BundlingBiasWarning`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from typing import Optional, Sequence, Tuple, Union
+import warnings
+from typing import Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from kernels._checks import check_nonnegative_float, check_positive_int, check_tensor
-from kernels.features import ReLUMap, Spectrum, URFMap
+from kernels._checks import check_nonnegative_float, check_positive_float, check_positive_int, check_tensor
+from kernels.features import ReLUMap, Spectrum, URFMap, spectrum_from_name
 
 __all__ = [
     "make_feature_map",
@@ -56,7 +63,13 @@ __all__ = [
     "BundledNetwork",
     "bundle",
     "least_squares",
+    "ridge_cv",
     "count_trainable",
+    "balanced_input_scale",
+    "BundlingBiasWarning",
+    "FeatureTower",
+    "with_bundled_ffn",
+    "bert_snnk_counts",
 ]
 
 Activation = Union[str, Spectrum]
@@ -110,6 +123,12 @@ class SNNKLinear(nn.Module):
     pretrained weights. With ``activation="relu"`` it is the ReLU-SNNK layer of Sec. 3.2,
     which estimates :math:`\\tfrac12 K_1([w,b],[x,1])`, not ``relu(W x + b)``.
 
+    ``input_scale`` s (URF activations only) uses :math:`f(w^\\top x + b) = f((s w)^\\top
+    (x / s) + b)`: the layer computes :math:`\\Phi(x/s)^\\top\\Psi(s w, b)`, the same
+    expectation with the input tower's exponent :math:`\\alpha^2\\|x\\|^2/2` divided by
+    :math:`s^2`. :func:`balanced_input_scale` picks the s that minimises the estimator's
+    second moment; use it when :class:`~kernels.features.FeatureOverflowWarning` fires.
+
     Shapes: (..., in_features) -> (..., out_features). Parameters: ``M * l`` where ``M =
     feature_map.out_features``. Cost per input: O(M d + M l) (vs O(d l)).
     Chapter 2, section "SNNK layers".
@@ -125,6 +144,7 @@ class SNNKLinear(nn.Module):
         A: float = 0.0,
         orthogonal: bool = False,
         bias: bool = True,
+        input_scale: float = 1.0,
         generator: Optional[torch.Generator] = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
@@ -133,11 +153,12 @@ class SNNKLinear(nn.Module):
         l = check_positive_int("out_features", out_features)
         self.in_features, self.out_features = d, l
         self.activation = activation
+        self.input_scale = _check_input_scale(input_scale, activation)
         self.feature_map = make_feature_map(
             d, activation, num_features, A=A, orthogonal=orthogonal, bias=bias, generator=generator, dtype=dtype
         )
         w, b = _linear_init(l, d, generator, dtype)
-        self.omega = nn.Parameter(self.feature_map.psi(w, b if bias else None).detach())
+        self.omega = nn.Parameter(self.feature_map.psi(w * self.input_scale, b if bias else None).detach())
 
     @classmethod
     def from_linear(
@@ -148,29 +169,83 @@ class SNNKLinear(nn.Module):
         *,
         A: float = 0.0,
         orthogonal: bool = False,
+        input_scale: float = 1.0,
         generator: Optional[torch.Generator] = None,
     ) -> "SNNKLinear":
-        """SNNK layer whose ``omega = Psi(W, b)`` comes from a (pretrained) ``nn.Linear``."""
+        """SNNK layer whose ``omega = Psi(s W, b)`` comes from a (pretrained) ``nn.Linear``.
+
+        ``input_scale`` s: see the class docstring; ``balanced_input_scale(x_sample,
+        linear.weight, activation)`` gives the variance-minimising value for typical inputs.
+        """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         w = linear.weight.detach()
         b = linear.bias.detach() if linear.bias is not None else None
         layer = cls(
             linear.in_features, linear.out_features, num_features, activation,
-            A=A, orthogonal=orthogonal, bias=True, generator=generator, dtype=w.dtype,
+            A=A, orthogonal=orthogonal, bias=True, input_scale=input_scale, generator=generator, dtype=w.dtype,
         )
-        layer.omega = nn.Parameter(layer.feature_map.psi(w, b).detach().to(w.device))
+        layer.omega = nn.Parameter(layer.feature_map.psi(w * layer.input_scale, b).detach().to(w.device))
         return layer.to(w.device)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, features={self.feature_map.out_features}"
+        scale = f", input_scale={self.input_scale:g}" if self.input_scale != 1.0 else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"features={self.feature_map.out_features}{scale}")
 
     def features(self, x: Tensor) -> Tensor:
-        """:math:`\\Phi(x)`: (..., d) -> (..., M)."""
+        """:math:`\\Phi(x / s)` with s = ``input_scale``: (..., d) -> (..., M)."""
+        if self.input_scale != 1.0:
+            x = x / self.input_scale
         return self.feature_map.phi(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.feature_map.phi(x) @ self.omega.T
+        return self.features(x) @ self.omega.T
+
+
+def _check_input_scale(input_scale: float, activation: Activation) -> float:
+    scale = check_positive_float("input_scale", input_scale)
+    if scale != 1.0 and isinstance(activation, str) and activation == "relu":
+        raise ValueError(
+            "input_scale must be 1.0 for activation='relu': ReLU-SNNK features are linear in |x| and "
+            "cannot overflow, and with the bias entry [x, 1] the arc-cosine kernel is not invariant "
+            f"under x -> x/s, w -> s w (got input_scale={input_scale!r})"
+        )
+    return scale
+
+
+def balanced_input_scale(x: Tensor, weight: Tensor, activation: Activation) -> float:
+    """The input scale s that minimises a bound on the second moment of a URF layer's estimate.
+
+    One complex feature product :math:`\\phi_j(x/s)\\psi_j(s w, b)` has
+    :math:`E|\\phi_j\\psi_j|^2` proportional to
+    :math:`\\exp(\\alpha^2\\|x\\|^2/s^2 + s^2\\|w\\|^2)`, a bound on the second moment of
+    its real part, which the layer uses (A = 0; input tower
+    :math:`e^{\\alpha^2\\|x\\|^2/2}`, eq. 8 with :math:`E[\\Lambda_g(w)^2] =
+    e^{\\|w\\|^2}`). The exponent is smallest at :math:`s^2 = \\alpha\\|x\\|/\\|w\\|`,
+    where it equals :math:`2\\alpha\\|x\\|\\|w\\|`. We take root-mean-square values: of
+    :math:`\\|x\\|` over the rows of ``x``, of :math:`\\|w_j\\|` over the rows of ``weight``,
+    and of :math:`\\alpha = 2\\pi\\xi` under the activation's spectrum.
+
+    Shapes: ``x`` (..., d) (a sample of typical inputs), ``weight`` (l, d). Returns a
+    float > 0. Not defined for ``"relu"`` (see :class:`SNNKLinear`). Chapter 3.
+    """
+    check_tensor("x", x)
+    check_tensor("weight", weight, ndim=2)
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"x has {x.shape[-1]} features but weight has {weight.shape[-1]} columns"
+        )
+    if isinstance(activation, str) and activation == "relu":
+        raise ValueError("balanced_input_scale is for URF activations; 'relu' needs no input scale")
+    spectrum = spectrum_from_name(activation)
+    mass = spectrum.weights.real.abs() + spectrum.weights.imag.abs()
+    alpha_rms = 2 * math.pi * math.sqrt(float((mass * spectrum.frequencies**2).sum() / mass.sum()))
+    x_rms = math.sqrt(float((x.double() ** 2).sum(-1).mean()))
+    w_rms = math.sqrt(float((weight.double() ** 2).sum(-1).mean()))
+    if x_rms == 0.0 or w_rms == 0.0:
+        raise ValueError("x and weight must not be all zeros (the balanced scale would be 0 or infinite)")
+    return math.sqrt(alpha_rms * x_rms / w_rms)
 
 
 class FeedForward(nn.Module):
@@ -310,6 +385,48 @@ def least_squares(
     return weight, bias
 
 
+def ridge_cv(
+    features: Tensor,
+    targets: Tensor,
+    ridges: Sequence[float],
+    *,
+    folds: int = 5,
+    generator: Optional[torch.Generator] = None,
+) -> float:
+    """The ridge value with the smallest k-fold cross-validated squared error, each fold in closed form.
+
+    The rows are shuffled once (``torch.randperm`` with ``generator``) and cut into
+    ``folds`` nearly equal chunks; for every candidate :math:`\\lambda` and every chunk,
+    :func:`least_squares` is fitted on the other chunks and its summed squared error on
+    the held-out chunk is added up. Ties go to the first candidate in ``ridges``.
+
+    Shapes: features (n, M), targets (n, k) or (n,); ``ridges`` a non-empty sequence of
+    values >= 0; ``2 <= folds <= n``. Cost: ``len(ridges) * folds`` solves. Chapter 3.
+    """
+    check_tensor("features", features, ndim=2)
+    check_tensor("targets", targets, ndim=(1, 2))
+    n = features.shape[0]
+    if targets.shape[0] != n:
+        raise ValueError(f"features and targets must have the same number of rows, got {n} and {targets.shape[0]}")
+    if isinstance(ridges, (str, bytes)) or not isinstance(ridges, Sequence) or len(ridges) == 0:
+        raise ValueError(f"ridges must be a non-empty sequence of values >= 0, got {ridges!r}")
+    candidates = [check_nonnegative_float(f"ridges[{i}]", lam) for i, lam in enumerate(ridges)]
+    k = check_positive_int("folds", folds)
+    if not 2 <= k <= n:
+        raise ValueError(f"folds must be between 2 and the number of rows ({n}), got {k}")
+    y = targets[:, None] if targets.ndim == 1 else targets
+    chunks = torch.randperm(n, generator=generator).to(features.device).chunk(k)
+    scores = []
+    for lam in candidates:
+        sse = 0.0
+        for held_index, held in enumerate(chunks):
+            kept = torch.cat([chunk for j, chunk in enumerate(chunks) if j != held_index])
+            w, c = least_squares(features[kept], y[kept], ridge=lam)
+            sse += float(((features[held] @ w.T + c) - y[held].to(features.dtype)).pow(2).sum())
+        scores.append(sse)
+    return float(ridges[min(range(len(scores)), key=scores.__getitem__)])
+
+
 # --------------------------------------------------------------------------- bundling
 class BundledNetwork(nn.Module):
     """A bundled network (eq. 14): :math:`\\hat y = W \\hat x + c`, :math:`\\hat x = \\Phi_L(\\dots\\Phi_1(x))`.
@@ -320,11 +437,19 @@ class BundledNetwork(nn.Module):
     (random features for a closed-form fit with :meth:`fit`). Chapter 3.
     """
 
-    def __init__(self, feature_maps: Sequence[FeatureMap], weight: Tensor, bias: Optional[Tensor] = None) -> None:
+    def __init__(
+        self,
+        feature_maps: Sequence[FeatureMap],
+        weight: Tensor,
+        bias: Optional[Tensor] = None,
+        *,
+        input_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         if len(feature_maps) == 0:
             raise ValueError("feature_maps must contain at least one feature map")
         self.feature_maps = nn.ModuleList(feature_maps)
+        self.input_scale = check_positive_float("input_scale", input_scale)
         check_tensor("weight", weight, ndim=2)
         if weight.shape[1] != feature_maps[-1].out_features:
             raise ValueError(
@@ -364,7 +489,9 @@ class BundledNetwork(nn.Module):
         return cls(maps, torch.zeros(k, dim, dtype=dtype))
 
     def features(self, x: Tensor) -> Tensor:
-        """:math:`\\hat x = \\Phi_L(\\dots\\Phi_1(x))`: (..., d_0) -> (..., M_L)."""
+        """:math:`\\hat x = \\Phi_L(\\dots\\Phi_1(x / s))`: (..., d_0) -> (..., M_L); s = ``input_scale``."""
+        if self.input_scale != 1.0:
+            x = x / self.input_scale
         for fmap in self.feature_maps:
             x = fmap.phi(x)
         return x
@@ -395,6 +522,144 @@ class BundledNetwork(nn.Module):
         for fmap in self.feature_maps:
             total += fmap.projections.numel()
         return total + self.weight.numel()
+
+    def as_modules(self) -> Tuple["FeatureTower", nn.Linear]:
+        """The bundle as two modules, ``tower(x) = features(x)`` and ``linear(tower(x)) = self(x)``.
+
+        The pair drops into a model where an FFN's up- and down-projections were
+        (e.g. ``BertIntermediate`` and ``BertOutput.dense``, see :func:`with_bundled_ffn`).
+        The ``nn.Linear`` holds a copy of ``weight`` and ``bias``; the tower shares the maps.
+        """
+        k, m = self.weight.shape
+        linear = nn.Linear(m, k, dtype=self.weight.dtype, device=self.weight.device)
+        with torch.no_grad():
+            linear.weight.copy_(self.weight)
+            linear.bias.copy_(self.bias)
+        return FeatureTower(list(self.feature_maps), input_scale=self.input_scale), linear
+
+
+class FeatureTower(nn.Module):
+    """The input tower of a bundle as a module: :math:`x \\mapsto \\Phi_L(\\dots\\Phi_1(x / s))`.
+
+    Used for model surgery (Sec. 4.4, App. J.4): it takes the place of an FFN's
+    up-projection and activation, and an ``nn.Linear`` holding :math:`\\widehat W` takes
+    the place of the down-projection. No trainable parameters (the maps hold buffers).
+    Shapes (..., d) -> (..., M_L). Chapter 3.
+    """
+
+    def __init__(self, feature_maps: Union[FeatureMap, Sequence[FeatureMap]], *, input_scale: float = 1.0) -> None:
+        super().__init__()
+        maps = [feature_maps] if isinstance(feature_maps, (URFMap, ReLUMap)) else list(feature_maps)
+        if not maps or not all(isinstance(f, (URFMap, ReLUMap)) for f in maps):
+            raise TypeError("feature_maps must be a URFMap/ReLUMap or a non-empty sequence of them")
+        self.feature_maps = nn.ModuleList(maps)
+        self.input_scale = check_positive_float("input_scale", input_scale)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.input_scale != 1.0:
+            x = x / self.input_scale
+        for fmap in self.feature_maps:
+            x = fmap.phi(x)
+        return x
+
+
+def with_bundled_ffn(model: nn.Module, bundles: Mapping[int, "BundledNetwork"]) -> nn.Module:
+    """A copy of a BERT-style encoder whose FFN blocks ``i in bundles`` compute ``bundles[i](x)``.
+
+    For a Hugging Face BERT layer (``model.encoder.layer[i]`` with ``.intermediate`` =
+    up-projection + activation and ``.output.dense`` = down-projection), the
+    intermediate becomes the bundle's :class:`FeatureTower` and ``output.dense`` an
+    ``nn.Linear`` holding :math:`\\widehat W` and the bias; dropout, residual and layer
+    norm inside ``.output`` stay (Sec. 4.4, App. J.4). ``model`` is not modified; the
+    copy is returned in eval mode. Each bundle must map the hidden size to itself.
+    Chapter 3 and ``benchmarks/bench_bundling.py``.
+    """
+    layers = getattr(getattr(model, "encoder", None), "layer", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"model must be a BERT-style encoder with model.encoder.layer, got {type(model).__name__}")
+    if not isinstance(bundles, Mapping):
+        raise TypeError(f"bundles must be a mapping layer index -> BundledNetwork, got {type(bundles).__name__}")
+    for i, net in bundles.items():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(layers):
+            raise ValueError(f"bundles keys must be layer indices in [0, {len(layers)}), got {i!r}")
+        if not isinstance(net, BundledNetwork):
+            raise TypeError(f"bundles[{i}] must be a BundledNetwork, got {type(net).__name__}")
+        hidden = layers[i].output.dense.out_features
+        if net.weight.shape[0] != hidden or net.feature_maps[0].in_features != hidden:
+            raise ValueError(
+                f"bundles[{i}] must map {hidden} inputs to {hidden} outputs, got "
+                f"{net.feature_maps[0].in_features} -> {net.weight.shape[0]}"
+            )
+    new = copy.deepcopy(model)
+    for i, net in bundles.items():
+        tower, down = net.as_modules()
+        new.encoder.layer[i].intermediate = tower
+        new.encoder.layer[i].output.dense = down
+    return new.eval()
+
+
+def bert_snnk_counts(
+    hidden: int,
+    layers: int,
+    inner: int,
+    vocab: int,
+    positions: int,
+    *,
+    replaced: int,
+    num_features: int,
+    batch: int = 64,
+    tokens: int = 128,
+) -> dict[str, int]:
+    """Parameters and multiply-adds of a BERT encoder + pooler with SNNK FFN blocks (Table 6 conventions).
+
+    The FFNs of the top ``replaced`` layers become an SNNK layer (``"train"``: trainable
+    :math:`\\omega \\in \\mathbb R^{inner\\times M}` replaces :math:`W_1, b_1`; :math:`W_2, b_2`
+    stay) or a bundled block (``"infer"``: :math:`\\widehat W \\in \\mathbb R^{d\\times M}`
+    and :math:`b_2` replace the block). Multiply-adds are for ``batch`` sequences of
+    ``tokens`` tokens: per token and layer :math:`4d^2` (attention projections),
+    :math:`2\\,tokens\\,d` (scores and weighted sum), :math:`2\\,d\\,inner` (FFN), which
+    becomes :math:`M(d+1) + inner\\,M + inner\\,d` (train) or :math:`M(d+1) + dM`
+    (bundled); the pooler adds :math:`d^2` per sequence. The random projections are not
+    counted as parameters (they are regenerated from a seed). Keys: ``params_full``,
+    ``params_train``, ``params_infer``, ``macs_full``, ``macs_train``, ``macs_infer``.
+    Chapter 3 (beside the paper's Table 6).
+    """
+    d = check_positive_int("hidden", hidden)
+    n_layers = check_positive_int("layers", layers)
+    h = check_positive_int("inner", inner)
+    v = check_positive_int("vocab", vocab)
+    p = check_positive_int("positions", positions)
+    if isinstance(replaced, bool) or not isinstance(replaced, int) or not 0 <= replaced <= n_layers:
+        raise ValueError(f"replaced must be an integer in [0, layers={n_layers}], got {replaced!r}")
+    m = check_positive_int("num_features", num_features)
+    b = check_positive_int("batch", batch)
+    t = check_positive_int("tokens", tokens)
+    k = replaced
+    embeddings = (v + p + 2) * d + 2 * d  # word, position, 2 token types; layer norm
+    attention = 4 * (d * d + d) + 2 * d  # q, k, v, output projection; layer norm
+    ffn = d * h + h + h * d + d
+    per_layer_other = attention + 2 * d  # the FFN's layer norm
+    pooler = d * d + d
+    full = embeddings + n_layers * (per_layer_other + ffn) + pooler
+    snnk_train = h * m + h * d + d  # omega, W2, b2
+    snnk_infer = d * m + d  # W_hat, b2
+    macs_attn = 4 * d * d + 2 * t * d
+    macs_ffn = 2 * d * h
+    macs_train = m * (d + 1) + h * m + h * d
+    macs_infer = m * (d + 1) + d * m
+    n_tok = b * t
+    return {
+        "params_full": full,
+        "params_train": full - k * ffn + k * snnk_train,
+        "params_infer": full - k * ffn + k * snnk_infer,
+        "macs_full": n_tok * n_layers * (macs_attn + macs_ffn) + b * d * d,
+        "macs_train": n_tok * (n_layers * macs_attn + (n_layers - k) * macs_ffn + k * macs_train) + b * d * d,
+        "macs_infer": n_tok * (n_layers * macs_attn + (n_layers - k) * macs_ffn + k * macs_infer) + b * d * d,
+    }
+
+
+class BundlingBiasWarning(UserWarning):
+    """A bundle that is biased however many random features it uses (see :func:`bundle`)."""
 
 
 def _per_layer(num_features, n: int) -> list[int]:
@@ -427,6 +692,14 @@ def bundle(
 
     ``bundle([snnk, linear])(x) == linear(snnk(x))`` up to rounding. Cost: one
     :math:`\\Psi` per layer, O(d_{i+1} M_i d_i).
+
+    A ``FeedForward(..., "relu")`` after the first layer triggers a
+    :class:`BundlingBiasWarning`: its map acts on the previous feature vector
+    :math:`\\Phi(x)` instead of the previous layer's output :math:`\\Psi\\Phi(x)`. URF
+    layers depend on their input only through :math:`w^\\top x`, which the substitution
+    keeps; the arc-cosine kernel also depends on :math:`\\|x\\|` and :math:`\\|w\\|`, which
+    it changes, so the bundle estimates a different network and its error does not vanish
+    as ``num_features`` grows (measured in chapter 3).
     """
     if isinstance(layers, nn.Module) or not isinstance(layers, (list, tuple, nn.ModuleList)):
         raise TypeError("layers must be a list of modules, e.g. [snnk_layer, nn.Linear(...)]")
@@ -436,6 +709,7 @@ def bundle(
     n_ffl = sum(isinstance(l, FeedForward) for l in layers)
     ms = _per_layer(num_features, n_ffl) if n_ffl else []
     maps: list[FeatureMap] = []
+    input_scale = 1.0
     weight: Optional[Tensor] = None
     bias: Optional[Tensor] = None
     used_m = 0
@@ -449,11 +723,22 @@ def bundle(
                 )
             maps.append(layer.feature_map)
             weight = layer.omega.detach()
+            input_scale = layer.input_scale
         elif isinstance(layer, FeedForward):
             if i > 0 and layer.linear.in_features != _prev_out(layers[i - 1]):
                 raise ValueError(
                     f"layers[{i}] expects {layer.linear.in_features} inputs but layers[{i - 1}] has "
                     f"{_prev_out(layers[i - 1])} outputs"
+                )
+            if weight is not None and layer.activation == "relu":
+                warnings.warn(
+                    f"layers[{i}] is a ReLU-SNNK layer after another layer: bundling feeds it the previous "
+                    "feature vector, and the arc-cosine kernel depends on the norms of its arguments, not only "
+                    "on their dot product, so the bundle is biased (its error does not shrink with "
+                    "num_features). Use sin/cos/URF activations for deep bundles, or only bundle a ReLU-SNNK "
+                    "layer with the linear layer after it.",
+                    BundlingBiasWarning,
+                    stacklevel=2,
                 )
             w_i = layer.linear.weight.detach()
             b_i = layer.linear.bias.detach() if layer.linear.bias is not None else None
@@ -483,7 +768,7 @@ def bundle(
             )
     if not maps:
         raise ValueError("layers must contain at least one SNNKLinear or FeedForward layer")
-    return BundledNetwork(maps, weight, bias)
+    return BundledNetwork(maps, weight, bias, input_scale=input_scale)
 
 
 def _prev_out(layer: nn.Module) -> int:

@@ -15,16 +15,24 @@ import pytest
 import torch
 from torch import nn
 
-from kernels.features import activation_spectrum
+import warnings
+
+from kernels.features import FeatureOverflowWarning, activation_spectrum
 from kernels.snnk import (
     BottleneckAdapter,
     BundledNetwork,
+    BundlingBiasWarning,
+    FeatureTower,
     FeedForward,
     SNNKAdapter,
     SNNKLinear,
+    balanced_input_scale,
+    bert_snnk_counts,
     bundle,
     count_trainable,
     least_squares,
+    ridge_cv,
+    with_bundled_ffn,
 )
 
 F64 = torch.float64
@@ -245,3 +253,197 @@ def test_cuda_matches_cpu() -> None:
     ref = bundle([snnk, head])(x)
     got = bundle([snnk.cuda(), head.cuda()])(x.cuda())
     torch.testing.assert_close(got.cpu(), ref, rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- input scale
+def test_input_scale_keeps_the_estimate_unbiased_and_bundles_exactly() -> None:
+    """Phi(x/s)^T Psi(s w, b) has the same mean as Phi(x)^T Psi(w, b): f(w^T x + b)."""
+    d, l, n, m, reps = 8, 3, 4, 64, 200
+    lin = linear(d, l, 20, scale=0.3)
+    x = 3.0 * torch.randn(n, d, generator=gen(21), dtype=F64) / math.sqrt(d)
+    exact = FeedForward(lin, "sin")(x).detach()
+    s = balanced_input_scale(x, lin.weight.detach(), "sin")
+    layers = [SNNKLinear.from_linear(lin, "sin", m, input_scale=s, generator=gen(300 + r)) for r in range(reps)]
+    outs = torch.stack([layer(x).detach() for layer in layers])
+    se = outs.std(0) / math.sqrt(reps)
+    assert float(((outs.mean(0) - exact).abs() / se).max()) <= 5.0
+    head = linear(l, 2, 22)
+    torch.testing.assert_close(bundle([layers[0], head])(x), head(layers[0](x)), rtol=1e-12, atol=1e-12)
+    assert "input_scale" in repr(layers[0])
+
+
+def test_balanced_input_scale_minimises_the_variance() -> None:
+    """Large inputs, small weights (|x| = 3, |w| = 0.3, sin so alpha = 1): the balanced scale
+    s* = sqrt(|x|/|w|) cuts the spread of the estimate by orders of magnitude.
+
+    Only scales s <= s* are compared empirically: there the randomness sits in the Gaussian
+    tower exp(g^T s w) with log-standard deviation s|w| <= 0.95, so 300 draws estimate the
+    spread well. Beyond s* that tower is heavy-tailed and a sample spread underestimates
+    the variance (the reason the bound e^{A+B} is minimised instead)."""
+    d, m, reps = 6, 32, 300
+    lin = linear(d, 1, 30)
+    with torch.no_grad():
+        lin.weight.copy_(0.3 * lin.weight / lin.weight.norm())
+    x = 3.0 * torch.nn.functional.normalize(torch.randn(1, d, generator=gen(31), dtype=F64), dim=-1)
+    s_star = balanced_input_scale(x, lin.weight.detach(), "sin")
+    assert s_star == pytest.approx(math.sqrt(3.0 / 0.3), rel=1e-9)
+    exact = float(FeedForward(lin, "sin")(x).detach())
+    spread, bias = {}, {}
+    for s in (1.0, s_star / 2, s_star):
+        with torch.no_grad():
+            outs = np.array([float(SNNKLinear.from_linear(lin, "sin", m, input_scale=s, generator=gen(400 + r))(x))
+                             for r in range(reps)])
+        spread[s], bias[s] = float(outs.std()), abs(float(outs.mean()) - exact)
+    assert spread[s_star] < spread[s_star / 2] < spread[1.0]
+    assert spread[s_star] < 0.05 * spread[1.0]
+    # the theory: per feature E|phi psi|^2 = exp(A + B), A = |x|^2/s^2, B = s^2|w|^2; std <= sqrt(that / m)
+    for s in spread:
+        bound = math.sqrt(math.exp(9.0 / s**2 + 0.09 * s**2) / m)
+        assert spread[s] <= 1.2 * bound
+        assert bias[s] <= 5 * spread[s] / math.sqrt(reps)
+
+
+def test_input_scale_removes_float32_overflow() -> None:
+    lin = linear(16, 4, 40, scale=0.1)
+    lin = lin.float()
+    x = 5.0 * torch.randn(8, 16, generator=gen(41))  # |x| ~ 20: exp(|x|^2 / 2) overflows float32
+    with pytest.warns(FeatureOverflowWarning):
+        SNNKLinear.from_linear(lin, "sin", 16, generator=gen(42))(x)
+    s = balanced_input_scale(x, lin.weight.detach(), "sin")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FeatureOverflowWarning)
+        out = SNNKLinear.from_linear(lin, "sin", 16, input_scale=s, generator=gen(42))(x)
+    assert bool(torch.isfinite(out).all())
+
+
+def test_input_scale_bad_input() -> None:
+    with pytest.raises(ValueError, match="input_scale must be 1.0 for activation='relu'"):
+        SNNKLinear(4, 3, 5, "relu", input_scale=2.0)
+    with pytest.raises(ValueError, match="input_scale must be > 0"):
+        SNNKLinear(4, 3, 5, "sin", input_scale=0.0)
+    with pytest.raises(TypeError, match="input_scale"):
+        SNNKLinear(4, 3, 5, "sin", input_scale="auto")
+    with pytest.raises(ValueError, match="'relu' needs no input scale"):
+        balanced_input_scale(torch.ones(2, 4), torch.ones(3, 4), "relu")
+    with pytest.raises(ValueError, match="x has 5 features but weight has 4 columns"):
+        balanced_input_scale(torch.ones(2, 5), torch.ones(3, 4), "sin")
+    with pytest.raises(ValueError, match="all zeros"):
+        balanced_input_scale(torch.zeros(2, 4), torch.ones(3, 4), "sin")
+
+
+# --------------------------------------------------------------------------- ridge_cv
+def test_ridge_cv_matches_scikit_learn_on_the_same_folds() -> None:
+    """The chosen ridge is the argmin of scikit-learn's Ridge cross-validated squared error."""
+    from sklearn.linear_model import Ridge
+
+    rng = np.random.default_rng(5)
+    n, m = 60, 40
+    x = rng.normal(size=(n, m))
+    y = x[:, :3] @ np.array([1.0, -2.0, 0.5]) + 0.8 * rng.normal(size=n)
+    ridges = [1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4]
+    chosen = ridge_cv(torch.as_tensor(x), torch.as_tensor(y), ridges, folds=5, generator=gen(6))
+    chunks = [c.numpy() for c in torch.randperm(n, generator=gen(6)).chunk(5)]
+    sse = []
+    for lam in ridges:
+        total = 0.0
+        for k, held in enumerate(chunks):
+            kept = np.concatenate([c for j, c in enumerate(chunks) if j != k])
+            model = Ridge(alpha=lam, solver="svd").fit(x[kept], y[kept])
+            total += float(((model.predict(x[held]) - y[held]) ** 2).sum())
+        sse.append(total)
+    best = ridges[int(np.argmin(sse))]
+    assert chosen == best
+    assert best not in (ridges[0], ridges[-1])  # an interior optimum: the test can tell choices apart
+    # 2-D targets: the same choice as the 1-D target
+    assert ridge_cv(torch.as_tensor(x), torch.as_tensor(y[:, None]), ridges, folds=5, generator=gen(6)) == chosen
+
+
+def test_ridge_cv_bad_input() -> None:
+    x, y = torch.randn(10, 3), torch.randn(10)
+    with pytest.raises(ValueError, match="ridges must be a non-empty sequence"):
+        ridge_cv(x, y, [])
+    with pytest.raises(ValueError, match="ridges\\[1\\] must be >= 0"):
+        ridge_cv(x, y, [1.0, -1.0])
+    with pytest.raises(ValueError, match="folds must be between 2"):
+        ridge_cv(x, y, [1.0], folds=1)
+    with pytest.raises(ValueError, match="folds must be between 2"):
+        ridge_cv(x, y, [1.0], folds=11)
+    with pytest.raises(ValueError, match="same number of rows"):
+        ridge_cv(x, y[:9], [1.0])
+
+
+# --------------------------------------------------------------------------- bias warning
+def test_bundling_a_relu_layer_after_another_warns() -> None:
+    l1, l2, head = linear(5, 5, 50), linear(5, 5, 51), linear(5, 1, 52)
+    with pytest.warns(BundlingBiasWarning, match="layers\\[1\\] is a ReLU-SNNK layer"):
+        bundle([FeedForward(l1, "relu"), FeedForward(l2, "relu"), head], num_features=8, generator=gen(0))
+    with pytest.warns(BundlingBiasWarning):
+        bundle([SNNKLinear.from_linear(l1, "sin", 8, generator=gen(1)), FeedForward(l2, "relu")], num_features=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BundlingBiasWarning)
+        bundle([FeedForward(l1, "relu"), head], num_features=8, generator=gen(2))  # one ReLU layer: fine
+        bundle([SNNKLinear.from_linear(l1, "relu", 8, generator=gen(3)), head])
+        bundle([FeedForward(l1, "sin"), FeedForward(l2, "sin"), head], num_features=8, generator=gen(4))
+
+
+# --------------------------------------------------------------------------- model surgery
+def _tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=97, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=40, type_vocab_size=2, attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    return transformers.BertModel(config).eval(), config
+
+
+def test_with_bundled_ffn_replaces_the_ffn_blocks() -> None:
+    model, cfg = _tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    nets = {}
+    for i in (1, 2):
+        snnk = SNNKLinear.from_linear(model.encoder.layer[i].intermediate.dense, "relu", 8, generator=gen(i))
+        nets[i] = bundle([snnk, model.encoder.layer[i].output.dense])
+    new = with_bundled_ffn(model, nets)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # original untouched
+    assert isinstance(new.encoder.layer[2].intermediate, FeatureTower)
+    assert not isinstance(new.encoder.layer[0].intermediate, FeatureTower)
+    h = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        block = new.encoder.layer[2].output.dense(new.encoder.layer[2].intermediate(h))
+        torch.testing.assert_close(block, nets[2](h))
+        ids = torch.randint(0, 97, (2, 7), generator=gen(9))
+        assert new(input_ids=ids).last_hidden_state.shape == (2, 7, 16)
+    counts = bert_snnk_counts(16, 3, 64, 97, 40, replaced=2, num_features=8)
+    assert sum(p.numel() for p in model.parameters()) == counts["params_full"]
+    assert sum(p.numel() for p in new.parameters()) == counts["params_infer"]
+    with pytest.raises(ValueError, match="layer indices"):
+        with_bundled_ffn(model, {3: nets[1]})
+    with pytest.raises(TypeError, match="BundledNetwork"):
+        with_bundled_ffn(model, {0: nn.Linear(2, 2)})
+    with pytest.raises(TypeError, match="model.encoder.layer"):
+        with_bundled_ffn(nn.Linear(2, 2), {})
+    wrong = BundledNetwork.untrained(16, 4, ["relu"], 8)
+    with pytest.raises(ValueError, match="must map 16 inputs to 16 outputs"):
+        with_bundled_ffn(model, {0: wrong})
+
+
+def test_bert_snnk_counts_macs_match_torch_flop_counter() -> None:
+    """Multiply-adds of the formula == half the FLOPs torch's FlopCounterMode counts in the real forward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, cfg = _tiny_bert()
+    batch, tokens = 3, 11
+    nets = {i: bundle([SNNKLinear.from_linear(model.encoder.layer[i].intermediate.dense, "relu", 8, generator=gen(i)),
+                       model.encoder.layer[i].output.dense]) for i in (1, 2)}
+    ids = torch.randint(0, 97, (batch, tokens), generator=gen(10))
+    for replaced, m in ((0, model), (2, with_bundled_ffn(model, nets))):
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            m(input_ids=ids)
+        counts = bert_snnk_counts(16, 3, 64, 97, 40, replaced=replaced, num_features=8, batch=batch, tokens=tokens)
+        assert counter.get_total_flops() == 2 * counts["macs_infer"]
+    with pytest.raises(ValueError, match="replaced must be an integer in \\[0, layers=3\\]"):
+        bert_snnk_counts(16, 3, 64, 97, 40, replaced=4, num_features=8)
+    with pytest.raises(ValueError, match="num_features"):
+        bert_snnk_counts(16, 3, 64, 97, 40, replaced=1, num_features=0)
