@@ -490,11 +490,7 @@ class BundledNetwork(nn.Module):
 
     def features(self, x: Tensor) -> Tensor:
         """:math:`\\hat x = \\Phi_L(\\dots\\Phi_1(x / s))`: (..., d_0) -> (..., M_L); s = ``input_scale``."""
-        if self.input_scale != 1.0:
-            x = x / self.input_scale
-        for fmap in self.feature_maps:
-            x = fmap.phi(x)
-        return x
+        return _apply_maps(self.feature_maps, x, self.input_scale)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.features(x) @ self.weight.T + self.bias
@@ -556,11 +552,7 @@ class FeatureTower(nn.Module):
         self.input_scale = check_positive_float("input_scale", input_scale)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.input_scale != 1.0:
-            x = x / self.input_scale
-        for fmap in self.feature_maps:
-            x = fmap.phi(x)
-        return x
+        return _apply_maps(self.feature_maps, x, self.input_scale)
 
 
 def with_bundled_ffn(model: nn.Module, bundles: Mapping[int, "BundledNetwork"]) -> nn.Module:
@@ -660,6 +652,15 @@ def bert_snnk_counts(
 
 class BundlingBiasWarning(UserWarning):
     """A bundle that is biased however many random features it uses (see :func:`bundle`)."""
+
+
+def _apply_maps(feature_maps: Sequence[FeatureMap], x: Tensor, input_scale: float) -> Tensor:
+    """:math:`\\Phi_L(\\dots\\Phi_1(x / s))`, shared by :class:`BundledNetwork` and :class:`FeatureTower`."""
+    if input_scale != 1.0:
+        x = x / input_scale
+    for fmap in feature_maps:
+        x = fmap.phi(x)
+    return x
 
 
 def _per_layer(num_features, n: int) -> list[int]:
