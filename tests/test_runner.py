@@ -83,3 +83,11 @@ def test_ci_profile_names_only_real_chapters() -> None:
     assert set(specs) == set(run_chapters.chapter_names())
     for name, spec in specs.items():
         assert 0 < spec["budget_s"] <= 300, f"{name}: ci budget must be at most 5 minutes"
+
+
+def test_set_overrides_are_parsed_as_yaml() -> None:
+    assert run_chapters.parse_overrides(["use_real_data=false", "seed=1", "sizes=[8, 16]", "name=a=b"]) == {
+        "use_real_data": False, "seed": 1, "sizes": [8, 16], "name": "a=b"}
+    for bad in ("no_equals", "=1", "not an identifier=1"):
+        with pytest.raises(SystemExit, match="NAME=VALUE"):
+            run_chapters.parse_overrides([bad])

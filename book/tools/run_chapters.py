@@ -3,6 +3,7 @@
     python book/tools/run_chapters.py                      # every chapter, ci profile
     python book/tools/run_chapters.py --profile full 01_ntk
     python book/tools/run_chapters.py --jobs 1 --out /tmp/run
+    python book/tools/run_chapters.py --profile full --set use_real_data=false 02_random_features
 
 Each notebook in ``chapters/`` runs in its own papermill process with the parameters
 of ``book/profiles.yaml`` injected after its ``parameters`` cell, a wall-clock budget
@@ -158,9 +159,16 @@ def run(
     out: Path = DEFAULT_OUT,
     jobs: int | None = None,
     block_network: bool = True,
+    overrides: dict[str, Any] | None = None,
 ) -> list[Result]:
-    """Run chapters (in parallel where cores allow) and write ``summary.json``."""
+    """Run chapters (in parallel where cores allow) and write ``summary.json``.
+
+    ``overrides`` are parameters injected on top of the profile's, in every chapter run
+    (e.g. ``{"use_real_data": False}`` for a full run on a machine without network).
+    """
     specs = load_profile(profile)
+    for spec in specs.values():
+        spec["parameters"].update(overrides or {})
     chapters = list(chapters)
     missing = [c for c in chapters if c not in specs]
     if missing:
@@ -177,6 +185,17 @@ def run(
     (out_dir / "summary.json").write_text(
         json.dumps([dataclasses.asdict(r) for r in results], indent=2))
     return results
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """``["use_real_data=false", "seed=1"]`` -> ``{"use_real_data": False, "seed": 1}`` (values as YAML)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise SystemExit(f"--set expects NAME=VALUE with a Python identifier as NAME, got {item!r}")
+        out[name.strip()] = yaml.safe_load(value)
+    return out
 
 
 def format_table(results: list[Result]) -> str:
@@ -202,10 +221,12 @@ def main(argv: list[str] | None = None) -> int:
                      help="let notebooks reach the network (full-size fetchers)")
     net.add_argument("--block-network", dest="block", action="store_true",
                      help="refuse non-loopback connections (the default for the ci profile)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                    help="inject a parameter on top of the profile's (VALUE is read as YAML); repeatable")
     args = ap.parse_args(argv)
     block = (args.profile == "ci") if args.block is None else args.block
     results = run(args.chapters or chapter_names(), args.profile, args.out, args.jobs,
-                  block_network=block)
+                  block_network=block, overrides=parse_overrides(args.overrides))
     print(format_table(results))
     return 0 if all(r.status == "ok" for r in results) else 1
 

@@ -1,0 +1,124 @@
+"""Record the results of an executed chapter so that the book can show them later.
+
+    python book/tools/record_run.py _build/run/full/02_random_features.ipynb --profile full \\
+        --note "use_real_data = False: the machine had no network for MNIST"
+
+A paper-scale (``full``) run of a chapter can take an hour on a laptop CPU, too long to
+repeat on every book build. This script reads the values the executed notebook glued
+(``myst_nb.glue``), the parameters papermill injected and the run time, adds the date,
+the commit, the machine and a free-text note, and writes them to
+``book/runs/<chapter>.<profile>.json``. Each chapter reads its file (when present) in its
+section "At paper scale" and prints the recorded numbers beside its own run's;
+``tests/test_runs.py`` checks the recorded numbers against the claims in
+``tests/expected/<chapter>.yaml`` (section ``full_checks``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from glued import read_glued  # noqa: E402
+
+RUNS = ROOT / "book" / "runs"
+
+
+def _jsonable(value: Any) -> Any:
+    """Glued values as JSON: numbers, booleans and strings; non-finite floats as strings."""
+    if isinstance(value, bool) or isinstance(value, (int, str)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    return str(value)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def record(
+    executed: Path, profile: str, note: str, threads: int | None, out_dir: Path = RUNS, commit: str | None = None
+) -> Path:
+    """Write ``<out_dir>/<chapter>.<profile>.json`` from an executed notebook; return its path.
+
+    ``commit``: the commit whose chapter code was executed (default: the current HEAD).
+    """
+    nb = nbformat.read(str(executed), as_version=4)
+    meta = nb.metadata.get("papermill", {})
+    chapter = Path(meta.get("input_path") or executed).stem
+    if not (ROOT / "chapters" / f"{chapter}.ipynb").exists():
+        raise ValueError(f"{executed} is not an executed chapter: chapters/{chapter}.ipynb does not exist")
+    failed = [i for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("papermill", {}).get("exception")]
+    if failed:
+        raise ValueError(f"{executed} raised in cell(s) {failed}; record only complete runs")
+    if threads is None:  # run_chapters.py writes the threads of each run next to the notebooks
+        summary = Path(executed).parent / "summary.json"
+        if summary.exists():
+            threads = next((r.get("threads") for r in json.loads(summary.read_text()) if r.get("chapter") == chapter), None)
+    values = read_glued(executed)
+    if not values:
+        raise ValueError(f"{executed} has no glued values; was it executed?")
+    if threads is None:
+        threads = int(os.environ.get("OMP_NUM_THREADS", "0")) or None
+    duration = meta.get("duration")
+    payload = {
+        "chapter": chapter,
+        "profile": profile,
+        "note": note,
+        "recorded": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
+        "executed_start": meta.get("start_time"),
+        "seconds": round(float(duration), 1) if duration is not None else None,
+        "commit": commit or _git("rev-parse", "--short", "HEAD"),
+        "parameters": meta.get("parameters", {}),
+        "machine": {"cpu": _cpu_model(), "logical_cores": os.cpu_count(), "threads": threads},
+        "values": {name: _jsonable(v) for name, v in sorted(values.items())},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{chapter}.{profile}.json"
+    path.write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("executed", type=Path, help="executed notebook (papermill output)")
+    parser.add_argument("--profile", default="full", help="profile the notebook ran under (default: full)")
+    parser.add_argument("--note", default="", help="how the run departed from the profile, and why")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads the run used (default: from run_chapters.py's summary.json, "
+                             "else OMP_NUM_THREADS)")
+    parser.add_argument("--commit", default=None,
+                        help="commit whose chapter code was executed, when not the current HEAD")
+    args = parser.parse_args(argv)
+    path = record(args.executed, args.profile, args.note, args.threads, commit=args.commit)
+    print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""Recorded runs of chapters (``book/runs/*.json``, written by ``book/tools/record_run.py``).
+
+A paper-scale run takes too long for CI, so its results are recorded once and shown by the
+chapter beside its own run. These tests keep the records honest: each names an existing
+chapter and profile, holds only results the chapter still records (a renamed result
+would otherwise vanish from the chapter's table without notice), and meets the claims
+that ``tests/expected/<chapter>.yaml`` makes for that profile (section ``full_checks``).
+The recorder itself is tested on a synthetic executed notebook.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from record_run import record
+from test_chapters import check_value, load_expected
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = sorted((ROOT / "book" / "runs").glob("*.json"))
+REQUIRED = {"chapter", "profile", "note", "recorded", "seconds", "commit", "parameters", "machine", "values"}
+
+
+def recorded_name_patterns(chapter: str) -> list[re.Pattern]:
+    """Names the chapter's source passes to ``record(...)``; f-string fields match any word."""
+    nb = nbformat.read(str(ROOT / "chapters" / f"{chapter}.ipynb"), as_version=4)
+    source = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
+    patterns = []
+    for name in re.findall(r'record\(f?"([^"]+)"', source):
+        pieces = re.split(r"\{[^}]*\}", name)
+        patterns.append(re.compile(r"\w+".join(re.escape(p) for p in pieces)))
+    return patterns
+
+
+def test_there_are_records_to_check() -> None:
+    assert RECORDS, "book/runs/ holds no recorded runs"
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
+def test_record_is_well_formed(path: Path) -> None:
+    data = json.loads(path.read_text())
+    assert REQUIRED <= set(data), f"missing fields: {sorted(REQUIRED - set(data))}"
+    assert path.name == f"{data['chapter']}.{data['profile']}.json"
+    assert (ROOT / "chapters" / f"{data['chapter']}.ipynb").exists()
+    profiles = yaml.safe_load((ROOT / "book" / "profiles.yaml").read_text())
+    assert data["profile"] in profiles
+    patterns = recorded_name_patterns(data["chapter"])
+    stale = [name for name in data["values"] if not any(p.fullmatch(name) for p in patterns)]
+    assert not stale, f"{path.name} holds results the chapter no longer records: {stale}"
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
+def test_record_meets_the_claims_for_its_profile(path: Path) -> None:
+    data = json.loads(path.read_text())
+    checks = load_expected(data["chapter"]).get(f"{data['profile']}_checks", {})
+    assert checks, f"tests/expected/{data['chapter']}.yaml has no {data['profile']}_checks for this record"
+    values = data["values"]
+    failures = []
+    for name, spec in checks.items():
+        if name not in values:
+            failures.append(f"{name}: not in the record")
+            continue
+        failures += [f"{e} -- claim: {spec.get('claim', '')}" for e in check_value(name, values[name], spec, values)]
+    assert not failures, "\n".join(failures)
+
+
+# --------------------------------------------------------------------------- the recorder
+def _executed(tmp_path: Path, *, chapter: str = "02_random_features", exception: bool = False) -> Path:
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("record('x', 1.5)")
+    cell.outputs = [nbformat.v4.new_output(
+        "display_data",
+        data={"application/papermill.record/text/plain": "1.5"},
+        metadata={"scrapbook": {"name": "rf_x", "mime_prefix": "application/papermill.record/"}},
+    ), nbformat.v4.new_output(
+        "display_data",
+        data={"application/papermill.record/text/plain": "inf"},
+        metadata={"scrapbook": {"name": "rf_y", "mime_prefix": "application/papermill.record/"}},
+    )]
+    cell.metadata["papermill"] = {"exception": exception}
+    nb.cells = [cell]
+    nb.metadata["papermill"] = {"input_path": f"chapters/{chapter}.ipynb", "duration": 12.34,
+                                "parameters": {"seed": 0}, "start_time": "2026-11-23T00:00:00"}
+    path = tmp_path / "executed.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_record_writes_the_glued_values(tmp_path: Path) -> None:
+    out = record(_executed(tmp_path), "full", "a note", 2, out_dir=tmp_path / "runs")
+    data = json.loads(out.read_text())
+    assert out.name == "02_random_features.full.json"
+    assert data["values"] == {"rf_x": 1.5, "rf_y": "inf"}
+    assert data["seconds"] == 12.3 and data["parameters"] == {"seed": 0} and data["note"] == "a note"
+    assert data["machine"]["threads"] == 2 and data["machine"]["logical_cores"] >= 1
+
+
+def test_record_refuses_failed_or_foreign_runs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="raised in cell"):
+        record(_executed(tmp_path, exception=True), "full", "", None, out_dir=tmp_path / "runs")
+    with pytest.raises(ValueError, match="not an executed chapter"):
+        record(_executed(tmp_path, chapter="no_such_chapter"), "full", "", None, out_dir=tmp_path / "runs")
