@@ -81,6 +81,10 @@ def _executed(tmp_path: Path, *, chapter: str = "02_random_features", exception:
         "display_data",
         data={"application/papermill.record/text/plain": "inf"},
         metadata={"scrapbook": {"name": "rf_y", "mime_prefix": "application/papermill.record/"}},
+    ), nbformat.v4.new_output(
+        "display_data",
+        data={"application/papermill.record/text/plain": "0.5"},
+        metadata={"scrapbook": {"name": "rf_full_x", "mime_prefix": "application/papermill.record/"}},
     )]
     cell.metadata["papermill"] = {"exception": exception}
     nb.cells = [cell]
@@ -95,7 +99,7 @@ def test_record_writes_the_glued_values(tmp_path: Path) -> None:
     out = record(_executed(tmp_path), "full", "a note", 2, out_dir=tmp_path / "runs")
     data = json.loads(out.read_text())
     assert out.name == "02_random_features.full.json"
-    assert data["values"] == {"rf_x": 1.5, "rf_y": "inf"}
+    assert data["values"] == {"rf_x": 1.5, "rf_y": "inf"}  # rf_full_x: an earlier record's value, left out
     assert data["seconds"] == 12.3 and data["parameters"] == {"seed": 0} and data["note"] == "a note"
     assert data["machine"]["threads"] == 2 and data["machine"]["logical_cores"] >= 1
 

@@ -80,7 +80,9 @@ def record(
         summary = Path(executed).parent / "summary.json"
         if summary.exists():
             threads = next((r.get("threads") for r in json.loads(summary.read_text()) if r.get("chapter") == chapter), None)
-    values = read_glued(executed)
+    # The chapter's section "At paper scale" glues the values of the record it read under
+    # <prefix>_full_<name>; they are not results of this run, so they are left out.
+    values = {name: v for name, v in read_glued(executed).items() if "_full_" not in name}
     if not values:
         raise ValueError(f"{executed} has no glued values; was it executed?")
     if threads is None:
