@@ -1,0 +1,104 @@
+"""Seeded generators, recorded results and HTML tables: the bookkeeping of a chapter.
+
+Every random draw of a chapter comes from :func:`generator`, keyed by the chapter's seed
+and a few tags that name the experiment, so that adding an experiment never shifts the
+draws of another. Every number the prose quotes goes through :class:`Recorder`, which
+glues it with ``myst_nb.glue`` (the book and the tests read the glued values) and keeps
+it in a dictionary (the "At paper scale" tables read that).
+"""
+
+from __future__ import annotations
+
+import html
+import numbers
+import zlib
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+
+def generator(seed: int, *tags: object) -> torch.Generator:
+    """A ``torch.Generator`` seeded from ``seed`` and ``tags``.
+
+    Each tag is hashed (CRC-32 of its ``str``) and :class:`numpy.random.SeedSequence`
+    mixes the hashes with ``seed``, so ``generator(0, "a")`` and ``generator(0, "b")``
+    give independent streams and the same call always gives the same stream.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise TypeError(f"seed must be a non-negative int, got {seed!r}")
+    words = [int(seed)] + [zlib.crc32(str(tag).encode()) for tag in tags]
+    state = np.random.SeedSequence(words).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def plain(value: Any) -> bool | int | float | str:
+    """``value`` as a plain Python bool, int, float or str (what a glued result may be).
+
+    numpy and torch scalars (and one-element tensors/arrays) become the matching Python
+    type; anything else raises ``TypeError``.
+    """
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if value.size == 1 if isinstance(value, np.ndarray) else value.numel() == 1:
+            value = value.item()
+        else:
+            raise TypeError(f"value must be a scalar, got an array of shape {tuple(value.shape)}")
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"value must be a number or a string, got {type(value).__name__}")
+
+
+class Recorder:
+    """Glue results under their names and keep them in :attr:`results`.
+
+    Recording a name again (a re-run cell in Jupyter) replaces the value; the test suite
+    checks that an executed chapter glues each name once, since the book build warns on
+    repeats.
+
+    >>> record = Recorder(glue=False)
+    >>> record("answer", np.int64(42)); record.results
+    {'answer': 42}
+    """
+
+    def __init__(self, glue: bool = True) -> None:
+        self.results: dict[str, bool | int | float | str] = {}
+        self._glue = glue
+
+    def __call__(self, name: str, value: Any) -> None:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"name must be an identifier-like string, got {name!r}")
+        value = plain(value)
+        self.results[name] = value
+        if self._glue:
+            from myst_nb import glue
+
+            glue(name, value, display=False)
+
+
+def html_table(header: Sequence[object], rows: Iterable[Sequence[object]], *, escape: bool = False):
+    """An ``IPython.display.HTML`` table with ``header`` and ``rows``.
+
+    Cells are inserted as they are (they may hold markup such as ``<b>``) unless
+    ``escape`` is true. Every row must have as many cells as the header.
+    """
+    from IPython.display import HTML
+
+    header = list(header)
+    rows = [list(r) for r in rows]
+    bad = [i for i, r in enumerate(rows) if len(r) != len(header)]
+    if bad:
+        raise ValueError(f"rows {bad[:5]} do not have {len(header)} cells like the header")
+    text = html.escape if escape else str
+
+    def row_html(cells: list, tag: str) -> str:
+        return "<tr>" + "".join(f"<{tag}>{text(str(c))}</{tag}>" for c in cells) + "</tr>"
+
+    body = "".join(row_html(r, "td") for r in rows)
+    return HTML(f'<table class="nnk-table"><thead>{row_html(header, "th")}</thead>'
+                f"<tbody>{body}</tbody></table>")
