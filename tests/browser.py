@@ -1,16 +1,23 @@
-"""Headless Chromium for checking rendered pages (Debian package ``chromium``)."""
+"""Headless Chromium for checking rendered pages (Debian package ``chromium``).
+
+``render`` dumps a page's DOM with the plain binary; ``browser_page`` drives a page with
+Playwright (pinned in the test extra) using that same system binary, never a browser
+that Playwright would download.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import hashlib
 import http.server
 import shutil
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -61,3 +68,113 @@ def render(url: str, screenshot: Path | None = None, budget_ms: int = 20000) -> 
             subprocess.run([*base, f"--screenshot={screenshot}", url], capture_output=True,
                            timeout=180)
     return dom
+
+
+# --- Driving pages: Playwright with the system Chromium ------------------------------
+
+@dataclasses.dataclass
+class PageLog:
+    """What a page reported while it loaded and while a test drove it."""
+
+    errors: list[str] = dataclasses.field(default_factory=list)  # console errors, exceptions
+    failed: list[str] = dataclasses.field(default_factory=list)  # failed or >= 400 requests
+
+    def problems(self) -> list[str]:
+        return self.errors + self.failed
+
+
+@contextlib.contextmanager
+def browser_page(width: int = 1280, height: int = 900) -> Iterator[tuple[Any, PageLog]]:
+    """A fresh Chromium page (Playwright, system binary) and the log of its problems.
+
+    Every console message of type "error", every uncaught exception, every request
+    that fails and every response with status >= 400 is logged: a clean page logs none.
+    """
+    from playwright.sync_api import sync_playwright
+
+    binary = chromium()
+    if binary is None:
+        raise RuntimeError("no Chromium binary found")
+    log = PageLog()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=binary, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            page.on("console", lambda m: m.type == "error" and log.errors.append(
+                f"console error: {m.text[:300]} ({m.location.get('url', '')})"))
+            page.on("pageerror", lambda e: log.errors.append(f"exception: {str(e)[:300]}"))
+            page.on("requestfailed", lambda r: log.failed.append(
+                f"request failed: {r.url[:200]} ({r.failure})"))
+            page.on("response", lambda r: r.status >= 400 and log.failed.append(
+                f"HTTP {r.status}: {r.url[:200]}"))
+            yield page, log
+        finally:
+            browser.close()
+
+
+def load(page: Any, url: str, settle_ms: int = 1500) -> None:
+    """Open ``url`` and wait until the network is idle and the widgets have rendered."""
+    page.goto(url, wait_until="networkidle", timeout=120_000)
+    page.wait_for_timeout(settle_ms)
+
+
+def shown_figure(explorer: Any) -> tuple[str, str]:
+    """(sha1 of the visible image's bytes, its alt text) inside one figure explorer."""
+    images = explorer.locator("img.nnk-figure")
+    visible = [images.nth(i) for i in range(images.count()) if images.nth(i).is_visible()]
+    if len(visible) != 1:
+        raise AssertionError(f"expected one visible figure in the explorer, found {len(visible)}")
+    src = visible[0].get_attribute("src") or ""
+    return hashlib.sha1(src.encode()).hexdigest(), visible[0].get_attribute("alt") or ""
+
+
+def explorer_controls(explorer: Any) -> list[tuple[str, Any]]:
+    """The controls of one explorer, in order: ("slider"|"dropdown"|"buttons", locator)."""
+    controls = []
+    boxes = explorer.locator(".widget-hbox").first.locator(":scope > .widget-inline-hbox, :scope > div")
+    for i in range(boxes.count()):
+        box = boxes.nth(i)
+        if box.locator(".noUi-handle").count():
+            controls.append(("slider", box))
+        elif box.locator("select").count():
+            controls.append(("dropdown", box))
+        elif box.locator("button").count():
+            controls.append(("buttons", box))
+    return controls
+
+
+def control_positions(kind: str, control: Any) -> int:
+    """How many positions a control offers."""
+    if kind == "slider":
+        handle = control.locator(".noUi-handle").first
+        return int(float(handle.get_attribute("aria-valuemax") or 0)) + 1
+    if kind == "dropdown":
+        return control.locator("option").count()
+    return control.locator("button").count()
+
+
+def set_position(page: Any, kind: str, control: Any, position: int) -> None:
+    """Move a control to ``position`` the way a reader would (keys, selection, click)."""
+    if kind == "slider":
+        handle = control.locator(".noUi-handle").first
+        handle.focus()
+        page.keyboard.press("Home")
+        for _ in range(position):
+            page.keyboard.press("ArrowRight")
+    elif kind == "dropdown":
+        control.locator("select").first.select_option(index=position)
+    else:
+        control.locator("button").nth(position).click()
+    page.wait_for_timeout(150)
+
+
+def current_position(kind: str, control: Any) -> int:
+    if kind == "slider":
+        return int(float(control.locator(".noUi-handle").first.get_attribute("aria-valuenow") or 0))
+    if kind == "dropdown":
+        return int(control.locator("select").first.evaluate("s => s.selectedIndex"))
+    buttons = control.locator("button")
+    for i in range(buttons.count()):
+        if "mod-active" in (buttons.nth(i).get_attribute("class") or ""):
+            return i
+    raise AssertionError("no toggle button is active")

@@ -12,12 +12,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from browser import chromium, render, serve
+from browser import (browser_page, chromium, explorer_controls, load, render, serve, set_position,
+                     shown_figure)
 from minibook import ROOT, build, make_book
 
 TOKEN = ("code", "import time\nprint('token', time.time_ns())")
-WIDGET = ("code", "import ipywidgets as w\n"
-                  "w.interactive(lambda n=3: print('square', n * n), n=(1, 10))")
+WIDGET = ("code", """\
+import matplotlib.pyplot as plt
+from nnk_book import Choice, figure_explorer, use_book_style
+use_book_style()
+def draw(n, style):
+    fig, ax = plt.subplots(figsize=(4, 2))
+    ax.plot(range(5), [n * x for x in range(5)], style)
+    ax.set(title=f"slope {n}", xlabel="x (units)", ylabel="y (units)")
+    return fig
+figure_explorer(draw, {"n": Choice("slope", [1, 2, 3], default=2),
+                       "style": Choice("marker", ["o-", "s--"], kind="dropdown")},
+                alt=lambda n, style: f"A line of slope {n} drawn with {style}")""")
 FIGURE = ("code", "import matplotlib.pyplot as plt\n"
                   "fig, ax = plt.subplots()\nax.plot([1, 2, 3])\nax.set_title('static')\nplt.show()")
 MATH = ("md", "Inline $e^{i\\pi} + 1 = 0$ and displayed\n\n$$\\Theta(x, x') = \\nabla f(x)^\\top \\nabla f(x')$$")
@@ -72,13 +83,20 @@ def test_widget_scripts_are_served_with_the_book(widget_book: Path) -> None:
     assert list((static / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
 
 
-def test_launch_buttons_are_configured(widget_book: Path) -> None:
+def test_no_button_leads_nowhere(widget_book: Path) -> None:
+    """No launch/repository/issue buttons (no public repository yet); download stays."""
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    assert config["launch_buttons"]["colab_url"].startswith("https://colab")
-    assert config["launch_buttons"]["binderhub_url"].startswith("https://mybinder")
-    assert config["repository"]["url"].startswith("https://github.com/")
+    assert not config["launch_buttons"].get("binderhub_url")
+    assert not config["launch_buttons"].get("colab_url")
+    assert "repository" not in config, "a repository URL in _config.yml must be real: remove it until it is"
+    assert not any(config["html"].get(k) for k in
+                   ("use_repository_button", "use_issues_button", "use_edit_page_button"))
+    urls = re.findall(r"https?://[^\s\"'<>]+", (ROOT / "_config.yml").read_text())
+    assert all("cdn.jsdelivr.net" in u or "jupyterbook.org" in u for u in urls), urls
     html = _page(widget_book)
-    assert "colab.research.google.com" in html and "mybinder.org" in html
+    for bad in ("colab.research.google.com", "mybinder.org", "github.com", "THEBE_JS_URL"):
+        assert bad not in html, f"the page still mentions {bad}"
+    assert ".ipynb" in html, "the download-.ipynb button is gone"
 
 
 @pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
@@ -88,6 +106,25 @@ def test_widget_renders_offline_in_chromium(widget_book: Path, tmp_path: Path) -
     with serve(html_dir) as url:
         dom = render(f"{url}/chapters/page.html", screenshot=tmp_path / "page.png")
     assert RENDERED_SLIDER.search(dom), "the embedded widget did not render"
-    assert "square 9" in dom, "the widget's output area did not render"
+    assert 'alt="A line of slope 2 drawn with o-"' in dom, "the explorer's default figure is missing"
     assert re.search(r'<img[^>]+src="[^"]*\.png"', dom), "the static figure is missing"
     assert dom.count("<mjx-container") >= 2, "MathJax did not typeset the equations"
+
+
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
+def test_explorer_responds_and_console_is_clean(widget_book: Path) -> None:
+    with serve(widget_book / "_build" / "html") as url, browser_page() as (tab, log):
+        load(tab, f"{url}/chapters/page.html")
+        explorer = tab.locator(".nnk-explorer").first
+        (slider, ctl), (dropdown, menu) = explorer_controls(explorer)
+        assert (slider, dropdown) == ("slider", "dropdown")
+        assert shown_figure(explorer)[1] == "A line of slope 2 drawn with o-"
+        set_position(tab, slider, ctl, 0)
+        assert shown_figure(explorer)[1] == "A line of slope 1 drawn with o-"
+        set_position(tab, dropdown, menu, 1)
+        assert shown_figure(explorer)[1] == "A line of slope 1 drawn with s--"
+        set_position(tab, slider, ctl, 2)
+        assert shown_figure(explorer)[1] == "A line of slope 3 drawn with s--"
+        math = tab.locator("mjx-container").count()
+    assert math >= 2
+    assert not log.problems(), log.problems()
