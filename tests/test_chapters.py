@@ -115,6 +115,48 @@ def test_each_result_is_glued_once(executed_chapters, chapter: str) -> None:
     assert not repeated, f"{chapter} glues these names more than once: {repeated}"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_figures_are_captioned_column_sized_and_error_free(executed_chapters, chapter: str) -> None:
+    """Every figure has a caption and alt text, fits the column; no cell reported an error.
+
+    A figure wider than the column or with text under 8 pt fails nnk_book's check, which
+    IPython reports as an error output of the cell that drew it (the run goes on).
+    """
+    import base64
+    import io
+
+    import nbformat
+    from PIL import Image
+
+    from nnk_book import figures
+
+    result = executed_result(executed_chapters, chapter)
+    if result.status != "ok":
+        pytest.fail(f"{chapter} did not execute ({result.status}); see its own test")
+    nb = nbformat.read(result.output, as_version=4)
+    problems, shown = [], 0
+    for number, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.output_type == "error":
+                problems.append(f"cell {number}: {out.ename}: {out.evalue[:200]}")
+            if out.output_type == "stream" and "FigureLegibilityError" in out.text:
+                problems.append(f"cell {number}: {out.text[-300:]}")
+            png = out.get("data", {}).get("image/png")
+            if png is None:
+                continue
+            shown += 1
+            width = Image.open(io.BytesIO(base64.b64decode(png))).size[0]
+            if width > figures.COLUMN_WIDTH_IN * figures.DPI * 1.02:
+                problems.append(f"cell {number}: a figure {width} px wide (column: "
+                                f"{figures.COLUMN_WIDTH_IN * figures.DPI:.0f} px)")
+            meta = cell.metadata.get("mystnb", {})
+            if not meta.get("figure", {}).get("caption") or not meta.get("image", {}).get("alt"):
+                problems.append(f"cell {number}: a figure without mystnb figure.caption and image.alt")
+    assert shown, f"{chapter} shows no figure"
+    assert not problems, f"{chapter}: " + "; ".join(problems[:10])
+
+
 def test_check_value_catches_violations() -> None:
     glued = {"a": 1.0, "b": 2.0}
     assert check_value("a", 1.0, {"value": 1.1, "atol": 0.2}, glued) == []

@@ -1,0 +1,177 @@
+"""The chapters' helper module: generators, recording, tables, figure style, explorers."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import nnk_book  # noqa: E402
+from nnk_book import Choice, Recorder, check_legible, figure_explorer, figure_png, generator, html_table, plain  # noqa: E402
+from nnk_book.figures import COLUMN_WIDTH_IN, DPI, MIN_FONT_PT, FigureLegibilityError, png_img_html  # noqa: E402
+
+
+def test_generator_is_reproducible_and_tags_give_independent_streams() -> None:
+    a1 = torch.randn(1000, generator=generator(0, "a", 3))
+    a2 = torch.randn(1000, generator=generator(0, "a", 3))
+    b = torch.randn(1000, generator=generator(0, "b", 3))
+    other_seed = torch.randn(1000, generator=generator(1, "a", 3))
+    assert torch.equal(a1, a2)
+    for x in (b, other_seed):
+        assert not torch.equal(a1, x)
+        assert abs(float(np.corrcoef(a1.numpy(), x.numpy())[0, 1])) < 0.15
+
+
+def test_generator_rejects_bad_seeds() -> None:
+    for bad in (-1, 1.5, "0", True, None):
+        with pytest.raises(TypeError, match="seed"):
+            generator(bad)
+
+
+def test_plain_turns_scalars_into_python_types() -> None:
+    assert plain(np.float32(0.5)) == 0.5 and type(plain(np.float32(0.5))) is float
+    assert type(plain(np.int64(3))) is int and type(plain(np.bool_(True))) is bool
+    assert plain(torch.tensor(2.5)) == 2.5 and plain(torch.tensor([7])) == 7
+    assert plain("text") == "text"
+    with pytest.raises(TypeError, match="scalar"):
+        plain(torch.zeros(2))
+    with pytest.raises(TypeError, match="number or a string"):
+        plain([1, 2])
+
+
+def test_recorder_keeps_the_last_value_and_checks_names() -> None:
+    record = Recorder(glue=False)
+    record("a", np.float64(1.5))
+    record("a", 2)
+    record("flag", np.bool_(False))
+    assert record.results == {"a": 2, "flag": False}
+    with pytest.raises(ValueError, match="name"):
+        record("not a name", 1)
+
+
+def test_html_table_rows_and_escaping() -> None:
+    table = html_table(["x", "y"], [[1, "<b>2</b>"]])
+    assert "<th>x</th><th>y</th>" in table.data and "<td><b>2</b></td>" in table.data
+    assert "&lt;b&gt;" in html_table(["x"], [["<b>"]], escape=True).data
+    with pytest.raises(ValueError, match="cells"):
+        html_table(["x", "y"], [[1]])
+
+
+def _figure(width: float = 5.0, fontsize: float = 10.0):
+    fig, ax = plt.subplots(figsize=(width, 2.5), dpi=DPI)
+    ax.plot([0, 1], [0, 1])
+    ax.set_title("title", fontsize=fontsize)
+    return fig
+
+
+def test_check_legible_accepts_a_column_figure_and_rejects_wide_or_tiny_text() -> None:
+    fig = _figure()
+    check_legible(fig)
+    plt.close(fig)
+    wide = _figure(width=COLUMN_WIDTH_IN * 1.5)
+    with pytest.raises(FigureLegibilityError, match="wide"):
+        check_legible(wide)
+    plt.close(wide)
+    tiny = _figure(fontsize=MIN_FONT_PT - 2)
+    with pytest.raises(FigureLegibilityError, match="title"):
+        check_legible(tiny)
+    plt.close(tiny)
+    with pytest.raises(TypeError, match="Figure"):
+        check_legible("not a figure")
+
+
+def test_figure_png_is_column_sized_and_quantised() -> None:
+    fig = _figure(width=COLUMN_WIDTH_IN)
+    full, small = figure_png(fig, colors=None), figure_png(fig, colors=64)
+    plt.close(fig)
+    for data in (full, small):
+        image = Image.open(io.BytesIO(data))
+        assert image.size[0] == round(COLUMN_WIDTH_IN * DPI)
+    assert Image.open(io.BytesIO(small)).mode == "P" and len(small) < len(full)
+
+
+def test_img_html_escapes_alt_and_requires_it() -> None:
+    tag = png_img_html(b"\x89PNG", 'a "quoted" <alt>')
+    assert 'alt="a &quot;quoted&quot; &lt;alt&gt;"' in tag and "data:image/png;base64," in tag
+    with pytest.raises(ValueError, match="alt"):
+        png_img_html(b"", " ")
+
+
+def test_choice_validation() -> None:
+    with pytest.raises(ValueError, match="at least 2"):
+        Choice("m", [1])
+    with pytest.raises(ValueError, match="default"):
+        Choice("m", [1, 2], default=3)
+    with pytest.raises(ValueError, match="labels"):
+        Choice("m", [1, 2], labels=["one"])
+    with pytest.raises(ValueError, match="kind"):
+        Choice("m", [1, 2], kind="knob")
+    assert Choice("m", [1, 2, 3], default=3).default_index == 2
+
+
+def test_figure_explorer_draws_every_state_and_links_each_stack() -> None:
+    import ipywidgets as widgets
+
+    calls = []
+
+    def draw(m, act):
+        calls.append((m, act))
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.plot(range(m), label=act)
+        ax.set_title(f"{act} {m}")
+        return fig
+
+    box = figure_explorer(draw, {"m": Choice("m", [2, 3, 4], default=3),
+                                 "act": Choice("activation", ["relu", "erf"], kind="dropdown")},
+                          alt=lambda m, act: f"curve {act} m={m}")
+    assert sorted(calls) == sorted((m, a) for m in (2, 3, 4) for a in ("relu", "erf"))
+    assert not plt.get_fignums(), "explorer figures must be closed"
+    controls, outer = box.children[0].children, box.children[1]
+    assert isinstance(outer, widgets.Stack) and len(outer.children) == 3
+    assert outer.selected_index == 1 and controls[0].index == 1 and controls[1].index == 0
+    assert all(isinstance(s, widgets.Stack) and len(s.children) == 2 for s in outer.children)
+    # One jslink per stack: the first control drives the outer stack, the second each inner one.
+    links = box._nnk_links
+    assert len(links) == 4
+    assert sum(link.source[0] is controls[0] for link in links) == 1
+    assert sum(link.source[0] is controls[1] for link in links) == 3
+    assert all(link.source[1] == "index" and link.target[1] == "selected_index" for link in links)
+    page = outer.children[2].children[1].value
+    assert 'alt="curve erf m=4"' in page and re.search(r"data:image/png;base64,[A-Za-z0-9+/=]{100}", page)
+
+
+def test_figure_explorer_limits_states_and_checks_arguments() -> None:
+    with pytest.raises(ValueError, match="max_states"):
+        figure_explorer(lambda a, b: None, {"a": Choice("a", list(range(10))), "b": Choice("b", list(range(10)))},
+                        alt=lambda a, b: "x")
+    with pytest.raises(TypeError, match="Choice"):
+        figure_explorer(lambda a: None, {"a": [1, 2]}, alt=lambda a: "x")
+    with pytest.raises(ValueError, match="non-empty"):
+        figure_explorer(lambda: None, {}, alt=lambda: "x")
+
+
+def test_explorer_rejects_an_illegible_figure() -> None:
+    def draw(w):
+        return _figure(width=w)
+
+    with pytest.raises(FigureLegibilityError):
+        figure_explorer(draw, {"w": Choice("w", [5.0, 12.0])}, alt=lambda w: f"width {w}")
+    plt.close("all")
+
+
+def test_use_book_style_sets_the_column_defaults() -> None:
+    with matplotlib.rc_context():
+        nnk_book.use_book_style()
+        assert matplotlib.rcParams["figure.dpi"] == DPI
+        assert matplotlib.rcParams["figure.figsize"][0] <= COLUMN_WIDTH_IN
+        fig = plt.figure()
+        check_legible(fig)
+        plt.close(fig)
