@@ -71,7 +71,7 @@ def stage(profile: str, chapters: list[str], executed: Path | None, cdn: bool) -
     if dest.exists():
         shutil.rmtree(dest)
     (dest / "chapters").mkdir(parents=True)
-    shutil.copytree(ROOT / "book", dest / "book", ignore=shutil.ignore_patterns("tools"))
+    shutil.copytree(ROOT / "book", dest / "book", ignore=shutil.ignore_patterns("tools", "nnk_book", "__pycache__"))
     if (ROOT / "benchmarks" / "results").exists():
         shutil.copytree(ROOT / "benchmarks" / "results", dest / "benchmarks" / "results")
 
