@@ -1,16 +1,23 @@
-# The two commands of the README. Both set up .venv from the pins first.
-#   make book   [PROFILE=ci|full] [CHAPTERS="01_ntk ..."] [ASSETS=cdn]  -> _build/html
-#   make test                                                -> every test
-#   make record CHAPTERS="02_random_features" [SET="use_real_data=false"] [NOTE="why"]
-#     -> a paper-scale (full) run of those chapters, recorded in book/runs/ (hours)
-#     (installs Debian's chromium for the browser checks when it is missing and we are
-#      root on a fresh CI machine; NN_KERNELS_NO_SYSTEM_INSTALL=1 turns that off)
+# The two commands of the README, and a few more. Every target sets up .venv from the pins
+# first (book/tools/setup_env.sh: a no-op when it is up to date). `make help` lists them.
 PROFILE ?= ci
 CHAPTERS ?=
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: book test env bench record clean
+.PHONY: help book test env lab bench record clean
+
+help:  ## list the targets
+	@echo "make book    [PROFILE=ci|full] [CHAPTERS=\"01_ntk ...\"] [ASSETS=cdn]"
+	@echo "               run the chapters (unchanged ones are reused) and build _build/html"
+	@echo "make test    every test: package, chapters (ci profile), book, browser"
+	@echo "make lab     JupyterLab in .venv with chapters/ open (run a chapter as a reader would)"
+	@echo "make env     only create/update .venv from constraints.txt"
+	@echo "make record  CHAPTERS=\"02_random_features\" [SET=\"use_real_data=false\"] [NOTE=\"why\"]"
+	@echo "               paper-scale (full) runs of those chapters, recorded in book/runs/ (hours)"
+	@echo "make bench   the speed benchmarks (benchmarks/README.md)"
+	@echo "make clean   remove _build (executed chapters, their cache, the HTML)"
+	@echo "logs: each chapter's cell output streams to _build/executed/<profile>/<chapter>.log"
 
 env:
 	@VENV=$(VENV) bash book/tools/setup_env.sh
@@ -18,9 +25,14 @@ env:
 book: env
 	$(PY) book/tools/build_book.py --profile $(PROFILE) $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(if $(filter cdn,$(ASSETS)),--cdn)
 
+# (installs Debian's chromium for the browser checks when it is missing and we are root
+#  on a fresh CI machine; NN_KERNELS_NO_SYSTEM_INSTALL=1 turns that off)
 test: env
 	@bash book/tools/ensure_chromium.sh
 	$(PY) -m pytest
+
+lab: env
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters
 
 record: env
 	@test -n "$(CHAPTERS)" || { echo "make record needs CHAPTERS=\"...\" (a full run takes hours)"; exit 2; }

@@ -1,15 +1,17 @@
 """Shared fixtures: the headless ci-profile run of every chapter, done once per session.
 
-Set NN_KERNELS_REUSE_EXECUTED=1 to reuse the executed notebooks of a previous test run
-(``_build/test-executed/ci``) while iterating on the checks; CI never sets it.
-While working on one chapter, NN_KERNELS_TEST_CHAPTERS=05_lookupffn (comma-separated
-stems) executes only those chapters (the other chapters' regression tests skip), and
-NN_KERNELS_EXECUTED_OUT=/tmp/somewhere keeps the run apart from other runs.
+The chapters run through the book's one execution path, ``book/tools/run_chapters.py``,
+into ``_build/executed/ci`` (the folder ``make book`` builds from), with its cache: a
+chapter whose code, parameters and package sources are unchanged since its last
+successful run there is not executed again (CI, a clean checkout with ``CI=true``,
+always executes). While the chapters run, the runner's progress lines go straight to
+the terminal. While working on one chapter, NN_KERNELS_TEST_CHAPTERS=05_lookupffn
+(comma-separated stems) executes only those chapters (the other chapters' regression
+tests skip), and NN_KERNELS_EXECUTED_OUT=/tmp/somewhere keeps the run apart.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -22,16 +24,8 @@ sys.path.insert(0, str(TOOLS))
 
 import run_chapters  # noqa: E402
 
-EXECUTED_OUT = Path(os.environ.get("NN_KERNELS_EXECUTED_OUT") or ROOT / "_build" / "test-executed")
+EXECUTED_OUT = Path(os.environ.get("NN_KERNELS_EXECUTED_OUT") or run_chapters.DEFAULT_OUT)
 _RUN_RESULTS: list = []
-
-
-def _reuse() -> list | None:
-    summary = EXECUTED_OUT / "ci" / "summary.json"
-    if os.environ.get("NN_KERNELS_REUSE_EXECUTED") != "1" or not summary.exists():
-        return None
-    rows = json.loads(summary.read_text())
-    return [run_chapters.Result(**row) for row in rows]
 
 
 def selected_chapters() -> list[str]:
@@ -45,10 +39,13 @@ def selected_chapters() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def executed_chapters() -> dict[str, "run_chapters.Result"]:
+def executed_chapters(request) -> dict[str, "run_chapters.Result"]:
     """Run every chapter with the ci profile (network blocked); map chapter -> Result."""
-    results = _reuse() or run_chapters.run(
-        selected_chapters(), "ci", out=EXECUTED_OUT, block_network=True)
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\nexecuting the chapters (ci profile); progress below, logs in "
+              f"{EXECUTED_OUT / 'ci'}", flush=True)
+        results = run_chapters.run(selected_chapters(), "ci", out=EXECUTED_OUT, block_network=True)
     _RUN_RESULTS[:] = results
     return {r.chapter: r for r in results}
 

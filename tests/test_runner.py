@@ -91,3 +91,138 @@ def test_set_overrides_are_parsed_as_yaml() -> None:
     for bad in ("no_equals", "=1", "not an identifier=1"):
         with pytest.raises(SystemExit, match="NAME=VALUE"):
             run_chapters.parse_overrides([bad])
+
+
+# --- cache, progress, interruption, failing cell, atomic summary -------------------------
+
+@pytest.fixture()
+def mini_project(tmp_path, monkeypatch) -> Path:
+    """A chapters folder, a profile and a 'package' source folder the runner hashes."""
+    chapters, pkg = tmp_path / "chapters", tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "lib.py").write_text("def f(x):\n    return x + 1\n")
+    params = ("code", "n = 2", ["parameters"])
+    write_notebook(chapters / "a.ipynb", [("md", "# First prose"), params,
+                                          ("code", "import time\nfrom myst_nb import glue\n"
+                                                   "glue('stamp', time.time_ns(), display=False)")])
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text("ci:\n  a:\n    budget_s: 120\n")
+    monkeypatch.setattr(run_chapters, "CHAPTERS", chapters)
+    monkeypatch.setattr(run_chapters, "PROFILES", profiles)
+    monkeypatch.setattr(run_chapters, "SOURCE_DIRS", (pkg,))
+    monkeypatch.setattr(run_chapters, "SOURCE_FILES", ())
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("NN_KERNELS_NO_CACHE", raising=False)
+    return tmp_path
+
+
+def _stamp(result) -> int:
+    return read_glued(result.output)["stamp"]
+
+
+def test_cache_reuses_after_a_prose_edit_and_reexecutes_after_a_source_edit(mini_project) -> None:
+    out = mini_project / "out"
+    lines: list[str] = []
+    first, = run_chapters.run(["a"], "ci", out=out, progress=lines.append)
+    assert first.status == "ok" and (out / "ci" / "a.key").exists()
+    first_stamp = _stamp(first)  # the same file is rewritten by later runs
+    assert any(ln.startswith("[a] started") for ln in lines) and any(ln.startswith("[a] ok") for ln in lines)
+
+    # Prose edit: reused, and the executed notebook shows the new prose with the old outputs.
+    nb_path = mini_project / "chapters" / "a.ipynb"
+    nb_path.write_text(nb_path.read_text().replace("# First prose", "# Edited prose"))
+    second, = run_chapters.run(["a"], "ci", out=out, progress=lines.append)
+    assert second.status == "cached" and _stamp(second) == first_stamp
+    assert "# Edited prose" in Path(second.output).read_text()
+    assert any("unchanged" in ln for ln in lines)
+
+    # An edit to a function of the package the chapter depends on: executed again.
+    (mini_project / "pkg" / "lib.py").write_text("def f(x):\n    return x + 2\n")
+    third, = run_chapters.run(["a"], "ci", out=out, progress=None)
+    assert third.status == "ok" and _stamp(third) != first_stamp
+
+    # A code edit and a parameter change re-execute too; --no-cache always executes.
+    key = run_chapters.cache_key(nb_path, {}, "ci")
+    assert run_chapters.cache_key(nb_path, {"n": 3}, "ci") != key
+    nb_path.write_text(nb_path.read_text().replace("n = 2", "n = 5"))
+    assert run_chapters.cache_key(nb_path, {}, "ci") != key
+    fourth, = run_chapters.run(["a"], "ci", out=out, progress=None, use_cache=False)
+    assert fourth.status == "ok"
+
+
+def test_ci_environment_disables_the_cache(monkeypatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    assert run_chapters.cache_disabled()
+    monkeypatch.delenv("CI")
+    monkeypatch.setenv("NN_KERNELS_NO_CACHE", "1")
+    assert run_chapters.cache_disabled()
+
+
+def test_failed_chapter_names_its_cell(fixtures, tmp_path) -> None:
+    result = _run(fixtures, tmp_path, "raises")
+    assert result.cell.startswith("cell 3") and "boom in cell" in result.cell, result.cell
+    assert "cell 3" in run_chapters.format_table([result])
+
+
+def test_progress_lines_name_the_running_cell(fixtures, tmp_path, monkeypatch) -> None:
+    # No parameters are injected here, so the sleeping cell is cell 2 of the run.
+    monkeypatch.setattr(run_chapters, "REPORT_EVERY_S", 2.0)
+    lines: list[str] = []
+    result = _run_with_progress(fixtures, tmp_path, "slow", {"budget_s": 7, "parameters": {}}, lines)
+    assert result.status == "timeout" and result.cell == "cell 2"
+    assert any("on cell 2" in ln for ln in lines), lines
+    log = Path(result.output).with_suffix(".log").read_text()
+    assert "Executing Cell 2" in log, "cell progress is streamed to the chapter's log"
+
+
+def _run_with_progress(fixtures, tmp_path, name, spec, lines):
+    return run_chapters.run_one(name, "ci", spec, tmp_path, threads=1, chapters_dir=fixtures,
+                                progress=lines.append)
+
+
+def test_ctrl_c_stops_the_runner_and_its_chapters(fixtures, tmp_path) -> None:
+    """SIGINT to the runner kills papermill and its kernel within seconds, exit 130."""
+    import os
+    import signal
+    import time
+
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text("ci:\n  slow:\n    budget_s: 600\n")
+    script = (
+        "import sys, run_chapters\n"
+        "from pathlib import Path\n"
+        f"run_chapters.CHAPTERS = Path({str(fixtures)!r})\n"
+        f"run_chapters.PROFILES = Path({str(profiles)!r})\n"
+        f"sys.exit(run_chapters.main(['slow', '--out', {str(tmp_path / 'out')!r}, '--no-cache']))\n")
+    env = dict(os.environ, PYTHONPATH=str(run_chapters.Path(run_chapters.__file__).parent))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = tmp_path / "out" / "ci" / "slow.log"
+    deadline = time.time() + 60
+    while time.time() < deadline and "Executing Cell 2" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    assert "Executing Cell 2" in log.read_text(), "the slow cell never started"
+    start = time.time()
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert time.time() - start < 15
+    assert proc.returncode == 130, out
+    assert "interrupted" in out and "slow (at cell 2)" in out, out
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(fixtures / "slow.ipynb") not in ps, "a papermill process survived Ctrl-C"
+
+
+def test_summary_is_written_atomically(tmp_path, monkeypatch) -> None:
+    import nnk_book.files as files
+
+    target = tmp_path / "summary.json"
+    target.write_text('{"old": true}')
+
+    def broken_fsync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="No space"):
+        run_chapters._write_summary(tmp_path, [])
+    assert target.read_text() == '{"old": true}', "a failed write must leave the old file intact"
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"], "temporary file left behind"

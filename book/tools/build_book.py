@@ -1,17 +1,16 @@
-"""Build the HTML book with the chapters executed under a profile.
+"""Build the HTML book from the chapters as the runner executed them.
 
     python book/tools/build_book.py                    # ci profile -> _build/html
-    python book/tools/build_book.py --profile full     # paper-scale settings
-    python book/tools/build_book.py --executed _build/executed/ci   # reuse executed copies
+    python book/tools/build_book.py --profile full     # paper-scale settings (hours)
+    python book/tools/build_book.py --chapters 01_ntk  # a subset
+    python book/tools/build_book.py --executed DIR     # notebooks executed elsewhere
 
-Jupyter Book executes a notebook with the values in its ``parameters`` cell, which are
-the full, paper-scale settings. To build with another profile, this script stages the
-book in ``_build/stage/<profile>/``: sources and ``_config.yml`` as they are, and each
-chapter with the profile's parameters injected by papermill (``prepare_only``, so
-Jupyter Book still does the execution, re-executes on every build and fails on the
-first cell that raises). With ``--executed`` the already executed notebooks of
-``run_chapters.py`` are staged instead and execution is switched off; the test suite
-uses this to check the rendered pages without running every chapter twice.
+The book has one execution path: ``run_chapters.py`` executes each chapter once with
+papermill (profile parameters, time budget, network blocked in ci, thread count, and its
+cache of unchanged chapters), and this script stages those executed notebooks in
+``_build/stage/<profile>/`` with Jupyter Book's execution switched off, then builds.
+What a reader sees is exactly what the tests checked. (``jupyter-book build .`` on the
+repository still works and executes the notebooks itself, with their own parameters.)
 The build runs with ``-W -n --keep-going``: any warning fails it.
 """
 
@@ -65,7 +64,7 @@ def _summary_table(executed: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def stage(profile: str, chapters: list[str], executed: Path | None, cdn: bool) -> Path:
+def stage(profile: str, chapters: list[str], executed: Path, cdn: bool) -> Path:
     """Write the staged book and return its folder."""
     dest = STAGE_ROOT / profile
     if dest.exists():
@@ -76,27 +75,16 @@ def stage(profile: str, chapters: list[str], executed: Path | None, cdn: bool) -
         shutil.copytree(ROOT / "benchmarks" / "results", dest / "benchmarks" / "results")
 
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    specs = run_chapters.load_profile(profile)
-    if executed is not None:
-        config["execute"]["execute_notebooks"] = "off"
-        for name in chapters:
-            src = executed / f"{name}.ipynb"
-            if not src.exists():
-                raise SystemExit(f"--executed {executed}: {src.name} is missing")
-            shutil.copy2(src, dest / "chapters" / src.name)
-        extra = _summary_table(executed)
-        if extra:
-            status = dest / "book" / "execution_status.md"
-            status.write_text(status.read_text() + extra)
-    else:
-        import papermill as pm  # imported late: slow, and unused with --executed
-
-        config["execute"]["timeout"] = max(specs[c]["budget_s"] for c in chapters)
-        for name in chapters:
-            pm.execute_notebook(str(ROOT / "chapters" / f"{name}.ipynb"),
-                                str(dest / "chapters" / f"{name}.ipynb"),
-                                parameters=specs[name]["parameters"], prepare_only=True,
-                                kernel_name="python3", progress_bar=False)
+    config["execute"]["execute_notebooks"] = "off"
+    for name in chapters:
+        src = executed / f"{name}.ipynb"
+        if not src.exists():
+            raise SystemExit(f"--executed {executed}: {src.name} is missing")
+        shutil.copy2(src, dest / "chapters" / src.name)
+    extra = _summary_table(executed)
+    if extra:
+        status = dest / "book" / "execution_status.md"
+        status.write_text(status.read_text() + extra)
     if cdn:
         config["sphinx"]["config"]["nb_ipywidgets_js"] = CDN_WIDGETS
         config["sphinx"]["config"]["mathjax_path"] = CDN_MATHJAX
@@ -107,9 +95,19 @@ def stage(profile: str, chapters: list[str], executed: Path | None, cdn: bool) -
 
 
 def build(profile: str = "ci", chapters: list[str] | None = None, executed: Path | None = None,
-          out: Path = ROOT / "_build" / "html", cdn: bool = False) -> int:
-    """Stage and build; return jupyter-book's exit status (0 = built without warnings)."""
+          out: Path = ROOT / "_build" / "html", cdn: bool = False, use_cache: bool | None = None,
+          overrides: dict | None = None) -> int:
+    """Execute (unless ``executed`` is given), stage and build; return the exit status
+    (0 = every chapter ran and the book built without warnings)."""
     chapters = chapters or run_chapters.chapter_names()
+    if executed is None:
+        results = run_chapters.run(chapters, profile, block_network=profile == "ci",
+                                   use_cache=use_cache, overrides=overrides)
+        print(run_chapters.format_table(results), flush=True)
+        if not all(r.ok for r in results):
+            print("build_book: a chapter failed; the book is not built", file=sys.stderr)
+            return 1
+        executed = run_chapters.DEFAULT_OUT / profile
     if not cdn:
         try:
             vendor_assets.vendor()
@@ -117,7 +115,6 @@ def build(profile: str = "ci", chapters: list[str] | None = None, executed: Path
             print(f"build_book: {exc}", file=sys.stderr)
             return 2
     dest = stage(profile, chapters, executed, cdn)
-    # Execution inherits the runner's environment: offline guard for ci, thread counts.
     env = run_chapters.runner_env(threads=os.cpu_count() or 1, block_network=profile == "ci")
     cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(dest),
            "-W", "-n", "--keep-going"]
@@ -139,12 +136,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chapters", nargs="*", default=None, help="subset of chapter stems")
     ap.add_argument("--executed", type=Path, default=None,
                     help="folder of executed notebooks (run_chapters.py output); no execution")
+    ap.add_argument("--no-cache", dest="cache", action="store_false", default=None,
+                    help="execute every chapter even when nothing it depends on changed")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                    help="inject a parameter on top of the profile's (see run_chapters.py)")
     ap.add_argument("--out", type=Path, default=ROOT / "_build" / "html")
     ap.add_argument("--cdn", action="store_true",
                     help="load the widget and MathJax scripts from public CDNs instead of "
                          "serving them with the book")
     args = ap.parse_args(argv)
-    return build(args.profile, args.chapters, args.executed, args.out, args.cdn)
+    try:
+        return build(args.profile, args.chapters, args.executed, args.out, args.cdn,
+                     use_cache=args.cache, overrides=run_chapters.parse_overrides(args.overrides))
+    except run_chapters.Interrupted as stop:
+        print(run_chapters.format_table(stop.results), flush=True)
+        return 130
 
 
 if __name__ == "__main__":

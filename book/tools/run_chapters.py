@@ -1,37 +1,58 @@
-"""Execute chapters headless with papermill under a named profile.
+"""Execute chapters headless with papermill under a named profile; reuse unchanged ones.
 
     python book/tools/run_chapters.py                      # every chapter, ci profile
     python book/tools/run_chapters.py --profile full 01_ntk
     python book/tools/run_chapters.py --jobs 1 --out /tmp/run
     python book/tools/run_chapters.py --profile full --set use_real_data=false 02_random_features
+    python book/tools/run_chapters.py --no-cache 03_bundling
+
+This is the book's one execution path: ``make book`` and ``make test`` both run the
+chapters through it and build the HTML from the notebooks it wrote.
 
 Each notebook in ``chapters/`` runs in its own papermill process with the parameters
-of ``book/profiles.yaml`` injected after its ``parameters`` cell, a wall-clock budget
-(``budget_s``; the process group is killed when it runs over), network access blocked
-(see ``netguard/sitecustomize.py``) and ``OMP_NUM_THREADS`` set so that parallel jobs
-share the cores instead of oversubscribing them (``NN_KERNELS_THREADS=1`` forces one
-thread per chapter, the safe choice on a machine busy with other work). Executed copies go to
-``<out>/<profile>/<chapter>.ipynb`` (outside the source tree); a summary table
-(chapter, profile, seconds, status) is printed and written as ``summary.json``.
-The exit status is non-zero when any chapter fails or runs over its budget.
+of ``book/profiles.yaml`` injected after its ``parameters`` cell (the ``ci`` profile sets
+little or nothing, since the notebooks' own values are the teaching scale; ``full`` sets
+the paper-scale values), a wall-clock budget (``budget_s``; the process group is killed
+when it runs over), network access blocked in ``ci`` (``netguard/sitecustomize.py``) and
+``OMP_NUM_THREADS`` set so that parallel jobs share the cores (``NN_KERNELS_THREADS=1``
+forces one thread per chapter). Executed copies go to ``<out>/<profile>/<chapter>.ipynb``,
+cell output streams to ``<chapter>.log`` beside it while it runs (``tail -f`` it), and a
+line is printed when a chapter starts, every 30 s while it runs (with the cell it is on)
+and when it ends. A summary table is printed and written as ``summary.json``.
+
+Cache: beside each executed notebook, ``<chapter>.key`` records a hash of everything
+the run depends on: the notebook's code cells, the injected parameters, the source of
+``kernels/``, ``data_scripts/`` and ``nnk_book``, and the pins. When the key is unchanged
+the chapter is not executed again; its outputs are carried over to the current notebook
+(so an edit to prose or to a caption shows without a re-run). Anything else re-executes
+it. ``--no-cache`` (or ``CI=true`` / ``NN_KERNELS_NO_CACHE=1``) always executes.
+
+Ctrl-C (or SIGTERM) kills every running chapter within seconds and exits with status
+130, naming each chapter and the cell it was on. The exit status is non-zero when any
+chapter fails or runs over its budget; the summary names the failing cell.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
+
+from nnk_book.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = ROOT / "chapters"
@@ -39,6 +60,12 @@ PROFILES = ROOT / "book" / "profiles.yaml"
 NETGUARD = Path(__file__).resolve().parent / "netguard"
 DEFAULT_OUT = ROOT / "_build" / "executed"
 FULL_BUDGET_S = 6 * 3600
+# What a chapter's results depend on besides its own code: hashed into its cache key.
+SOURCE_DIRS = (ROOT / "kernels", ROOT / "data_scripts", ROOT / "book" / "nnk_book", NETGUARD)
+SOURCE_FILES = (ROOT / "constraints.txt", ROOT / "pyproject.toml")
+SOURCE_SUFFIXES = {".py", ".cpp", ".h", ".cu"}
+REPORT_EVERY_S = 30.0
+_CELL_LINE = re.compile(r"Executing Cell (\d+)")
 
 
 @dataclasses.dataclass
@@ -46,10 +73,15 @@ class Result:
     chapter: str
     profile: str
     seconds: float
-    status: str  # "ok", "error", "timeout"
+    status: str  # "ok", "cached", "error", "timeout", "interrupted"
     threads: int
     output: str
     message: str = ""
+    cell: str = ""  # the failing cell ("cell 12: raise ...") or, interrupted, the running one
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("ok", "cached")
 
 
 def chapter_names() -> list[str]:
@@ -94,11 +126,137 @@ def runner_env(threads: int, block_network: bool = True) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+# --- cache key ----------------------------------------------------------------------
+
+def _sources_digest(dirs: Iterable[Path], files: Iterable[Path]) -> str:
+    h = hashlib.sha256()
+    paths = [p for d in dirs if d.exists() for p in sorted(d.rglob("*"))
+             if p.is_file() and p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts]
+    paths += [f for f in files if f.exists()]
+    for path in paths:
+        h.update(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).encode())
+        h.update(b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def cache_key(notebook: Path, parameters: dict[str, Any], profile: str,
+              dirs: Iterable[Path] | None = None, files: Iterable[Path] | None = None) -> str:
+    """Hash of what an execution of ``notebook`` depends on (not its prose or metadata).
+
+    ``dirs`` and ``files`` default to :data:`SOURCE_DIRS` and :data:`SOURCE_FILES`.
+    """
+    import nbformat
+
+    dirs = SOURCE_DIRS if dirs is None else dirs
+    files = SOURCE_FILES if files is None else files
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    h = hashlib.sha256()
+    h.update(f"{profile}\0{sys.version_info[:2]}\0".encode())
+    h.update(json.dumps(parameters, sort_keys=True, default=str).encode())
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            h.update(b"\0cell\0" + cell.source.encode())
+    h.update(_sources_digest(dirs, files).encode())
+    return h.hexdigest()
+
+
+def cache_disabled() -> bool:
+    return os.environ.get("CI", "").lower() == "true" or os.environ.get("NN_KERNELS_NO_CACHE") == "1"
+
+
+def reuse_cached(chapter: str, profile: str, spec: dict[str, Any], out_dir: Path, key: str,
+                 chapters_dir: Path = CHAPTERS) -> Result | None:
+    """A Result for a cached execution with this ``key``, its outputs merged into the
+    current notebook (new prose, captions and tags; old outputs); None when not cached."""
+    import nbformat
+    import papermill as pm
+
+    output, key_file = out_dir / f"{chapter}.ipynb", out_dir / f"{chapter}.key"
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        saved = json.loads(key_file.read_text())
+        if saved.get("key") != key or not output.exists():
+            return None
+        old = nbformat.read(str(output), as_version=4)
+    except (OSError, ValueError):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        prepared = Path(tmp) / f"{chapter}.ipynb"
+        pm.execute_notebook(str(chapters_dir / f"{chapter}.ipynb"), str(prepared),
+                            parameters=spec["parameters"], prepare_only=True,
+                            kernel_name="python3", progress_bar=False, log_output=False)
+        new = nbformat.read(str(prepared), as_version=4)
+    old_code = [c for c in old.cells if c.cell_type == "code"]
+    new_code = [c for c in new.cells if c.cell_type == "code"]
+    if [c.source for c in old_code] != [c.source for c in new_code]:
+        return None  # the key matched but the cells did not: execute rather than guess
+    for was, now in zip(old_code, new_code):
+        now.outputs = was.outputs
+        now.execution_count = was.execution_count
+        if "papermill" in was.metadata:
+            now.metadata["papermill"] = was.metadata["papermill"]
+    for name in ("widgets", "papermill"):
+        if name in old.metadata:
+            new.metadata[name] = old.metadata[name]
+    atomic_write_text(output, nbformat.writes(new))
+    return Result(chapter, profile, float(saved.get("seconds", 0.0)), "cached",
+                  int(saved.get("threads", 0)), str(output),
+                  f"unchanged since {saved.get('date', '?')}; executed in {saved.get('seconds', 0):.0f} s")
+
+
+# --- one chapter ----------------------------------------------------------------------
+
+class _Live:
+    """The process groups of running chapters, so that Ctrl-C can stop all of them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pids: set[int] = set()
+        self.stop = threading.Event()
+
+    def kill_all(self) -> None:
+        with self.lock:
+            for pid in list(self.pids):
+                _kill_group(pid)
+
+
+_LIVE = _Live()
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass
+
+
+def _current_cell(log: Path) -> int | None:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = _CELL_LINE.findall(text)
+    return int(found[-1]) if found else None
+
+
+def _failed_cell(output: Path) -> str:
+    """'cell N: ErrorName: message' for the cell papermill marked as failed, or ''."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(output), as_version=4)
+    except Exception:  # noqa: BLE001 - a missing or partial notebook names no cell
+        return ""
+    # Numbered as papermill's log numbers them ("Executing Cell N"): the injected
+    # parameters cell counts, the error banners papermill adds afterwards do not.
+    cells = [c for c in nb.cells if "papermill-error-cell-tag" not in c.get("metadata", {}).get("tags", [])]
+    for number, cell in enumerate(cells, start=1):
+        if cell.get("metadata", {}).get("papermill", {}).get("exception"):
+            errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            detail = f"{errors[-1]['ename']}: {errors[-1]['evalue']}"[:200] if errors else "raised"
+            first = cell.source.strip().splitlines()[0][:60] if cell.source.strip() else ""
+            return f"cell {number} ({first!r}): {detail}"
+    return ""
 
 
 def run_one(
@@ -109,40 +267,85 @@ def run_one(
     threads: int,
     block_network: bool = True,
     chapters_dir: Path = CHAPTERS,
+    progress: Callable[[str], None] | None = None,
+    key: str | None = None,
 ) -> Result:
-    """Execute one chapter; never raises for a failing notebook (the Result says so)."""
+    """Execute one chapter; never raises for a failing notebook (the Result says so).
+
+    ``progress`` receives a line every ``REPORT_EVERY_S`` seconds while the chapter runs;
+    ``key`` (see :func:`cache_key`) is recorded beside a successful run.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / f"{chapter}.ipynb"
     log = out_dir / f"{chapter}.log"
+    (out_dir / f"{chapter}.key").unlink(missing_ok=True)
     env = runner_env(threads, block_network)
     env["NN_KERNELS_PROFILE"] = profile
+    env["PYTHONUNBUFFERED"] = "1"
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
         yaml.safe_dump(spec["parameters"], fh)
         params_file = fh.name
     cmd = [
         sys.executable, "-m", "papermill", str(chapters_dir / f"{chapter}.ipynb"), str(output),
         "-f", params_file, "--cwd", str(chapters_dir), "-k", "python3",
-        "--no-progress-bar", "--log-level", "WARNING",
+        "--no-progress-bar", "--log-output", "--log-level", "INFO",
     ]
+    budget = spec["budget_s"]
     start = time.perf_counter()
-    status, message = "ok", ""
-    with open(log, "w") as logfh:
-        proc = subprocess.Popen(cmd, stdout=logfh, stderr=subprocess.STDOUT, env=env,
-                                cwd=ROOT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=spec["budget_s"])
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.wait()
-            status, message = "timeout", f"ran over its budget of {spec['budget_s']} s"
-        else:
-            _kill_group(proc)  # stray kernel processes, if any
-            if rc != 0:
-                status = "error"
-                message = _last_error(log)
-    os.unlink(params_file)
-    return Result(chapter, profile, round(time.perf_counter() - start, 1), status, threads,
-                  str(output), message)
+    status, message, cell = "ok", "", ""
+    try:
+        with open(log, "w") as logfh:
+            proc = subprocess.Popen(cmd, stdout=logfh, stderr=subprocess.STDOUT, env=env,
+                                    cwd=ROOT, start_new_session=True)
+            with _LIVE.lock:
+                _LIVE.pids.add(proc.pid)
+            next_report = REPORT_EVERY_S
+            try:
+                while True:
+                    try:
+                        rc = proc.wait(timeout=1.0)
+                    except subprocess.TimeoutExpired:
+                        rc = None
+                    elapsed = time.perf_counter() - start
+                    if rc is not None and not _LIVE.stop.is_set():
+                        break
+                    if _LIVE.stop.is_set():  # killed by Ctrl-C, or about to be
+                        _kill_group(proc.pid)
+                        proc.wait()
+                        n = _current_cell(log)
+                        status, message = "interrupted", "stopped by Ctrl-C / SIGTERM"
+                        cell = f"cell {n}" if n else ""
+                        rc = None
+                        break
+                    if elapsed > budget:
+                        _kill_group(proc.pid)
+                        proc.wait()
+                        n = _current_cell(log)
+                        status, message = "timeout", f"ran over its budget of {budget} s"
+                        cell = f"cell {n}" if n else ""
+                        rc = None
+                        break
+                    if progress and elapsed >= next_report:
+                        n = _current_cell(log)
+                        progress(f"  {chapter}: {elapsed:.0f} s of {budget} s"
+                                 + (f", on cell {n}" if n else ""))
+                        next_report += REPORT_EVERY_S
+            finally:
+                _kill_group(proc.pid)  # stray kernel processes, if any
+                with _LIVE.lock:
+                    _LIVE.pids.discard(proc.pid)
+        if status == "ok" and rc != 0:
+            status = "error"
+            cell = _failed_cell(output)
+            message = _last_error(log)
+    finally:
+        os.unlink(params_file)
+    seconds = round(time.perf_counter() - start, 1)
+    if status == "ok" and key is not None:
+        atomic_write_text(out_dir / f"{chapter}.key", json.dumps({
+            "key": key, "seconds": seconds, "threads": threads,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}))
+    return Result(chapter, profile, seconds, status, threads, str(output), message, cell)
 
 
 def _last_error(log: Path) -> str:
@@ -153,6 +356,20 @@ def _last_error(log: Path) -> str:
     return lines[-1][:300] if lines else "papermill failed without output"
 
 
+# --- many chapters --------------------------------------------------------------------
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the run; ``results`` holds what had finished."""
+
+    def __init__(self, results: list[Result]) -> None:
+        super().__init__("interrupted")
+        self.results = results
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
 def run(
     chapters: Iterable[str],
     profile: str = "ci",
@@ -160,12 +377,19 @@ def run(
     jobs: int | None = None,
     block_network: bool = True,
     overrides: dict[str, Any] | None = None,
+    use_cache: bool | None = None,
+    progress: Callable[[str], None] | None = _print,
 ) -> list[Result]:
     """Run chapters (in parallel where cores allow) and write ``summary.json``.
 
     ``overrides`` are parameters injected on top of the profile's, in every chapter run
     (e.g. ``{"use_real_data": False}`` for a full run on a machine without network).
+    ``use_cache`` (default: on, except under ``CI=true`` or ``NN_KERNELS_NO_CACHE=1``)
+    reuses chapters whose cache key is unchanged. ``progress`` gets one line per event
+    (``None`` for silence). Raises :class:`Interrupted` on Ctrl-C/SIGTERM, after killing
+    every running chapter.
     """
+    say = progress or (lambda line: None)
     specs = load_profile(profile)
     for spec in specs.values():
         spec["parameters"].update(overrides or {})
@@ -173,18 +397,84 @@ def run(
     missing = [c for c in chapters if c not in specs]
     if missing:
         raise SystemExit(f"no such chapter(s) {missing}; chapters are {sorted(specs)}")
+    use_cache = (not cache_disabled()) if use_cache is None else use_cache
+    out_dir = Path(out) / profile
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    results: dict[str, Result] = {}
+    keys = {c: cache_key(CHAPTERS / f"{c}.ipynb", specs[c]["parameters"], profile) for c in chapters}
+    todo = []
+    for c in chapters:
+        cached = reuse_cached(c, profile, specs[c], out_dir, keys[c], CHAPTERS) if use_cache else None
+        if cached is not None:
+            results[c] = cached
+            say(f"[{c}] unchanged: reusing its executed notebook ({cached.message})")
+        else:
+            todo.append(c)
+
     cores = os.cpu_count() or 1
-    jobs = max(1, min(jobs or cores, len(chapters) or 1, cores))
+    jobs = max(1, min(jobs or cores, len(todo) or 1, cores))
     # NN_KERNELS_THREADS overrides the split: on a machine shared with other work,
     # 1 thread per chapter avoids OpenMP threads waiting on each other for busy cores.
     threads = int(os.environ.get("NN_KERNELS_THREADS") or max(1, cores // jobs))
-    out_dir = Path(out) / profile
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(
-            lambda c: run_one(c, profile, specs[c], out_dir, threads, block_network), chapters))
-    (out_dir / "summary.json").write_text(
-        json.dumps([dataclasses.asdict(r) for r in results], indent=2))
-    return results
+
+    def one(c: str) -> Result:
+        say(f"[{c}] started ({profile}, budget {specs[c]['budget_s']} s, {threads} thread"
+            f"{'s' if threads > 1 else ''}; log: {out_dir / (c + '.log')})")
+        r = run_one(c, profile, specs[c], out_dir, threads, block_network, CHAPTERS,
+                    progress=say, key=keys[c])
+        say(f"[{c}] {r.status} after {r.seconds:.0f} s of {specs[c]['budget_s']} s"
+            + (f": {r.cell or r.message}" if not r.ok else ""))
+        return r
+
+    previous = _install_sigterm()
+    _LIVE.stop.clear()
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(one, c): c for c in todo}
+            try:
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+            except KeyboardInterrupt:
+                _LIVE.stop.set()
+                _LIVE.kill_all()
+                for future in futures:
+                    future.cancel()
+                for future in futures:  # the running ones return within a second
+                    if not future.cancelled():
+                        results[futures[future]] = future.result()
+                ordered = [results[c] for c in chapters if c in results]
+                _write_summary(out_dir, ordered)
+                running = [r for r in ordered if r.status == "interrupted"]
+                say("interrupted: " + (", ".join(
+                    f"{r.chapter} (at {r.cell or 'its start'})" for r in running) or "nothing was running"))
+                raise Interrupted(ordered) from None
+    finally:
+        _restore_sigterm(previous)
+        _LIVE.stop.clear()
+    ordered = [results[c] for c in chapters]
+    _write_summary(out_dir, ordered)
+    return ordered
+
+
+def _write_summary(out_dir: Path, results: list[Result]) -> None:
+    atomic_write_text(out_dir / "summary.json",
+                      json.dumps([dataclasses.asdict(r) for r in results], indent=2))
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:  # noqa: ARG001
+    raise KeyboardInterrupt
+
+
+def _install_sigterm() -> Any:
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _restore_sigterm(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
@@ -201,7 +491,7 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
 def format_table(results: list[Result]) -> str:
     rows = [("chapter", "profile", "seconds", "threads", "status")]
     rows += [(r.chapter, r.profile, f"{r.seconds:.1f}", str(r.threads),
-              r.status + (f" ({r.message})" if r.message else "")) for r in results]
+              r.status + (f" ({r.cell or r.message})" if not r.ok else "")) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4]
              for row in rows]
@@ -216,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="ci", help="profile in book/profiles.yaml (ci, full)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder")
     ap.add_argument("--jobs", type=int, default=None, help="parallel notebooks (default: cores)")
+    ap.add_argument("--no-cache", dest="cache", action="store_false", default=None,
+                    help="execute every chapter even when nothing it depends on changed")
     net = ap.add_mutually_exclusive_group()
     net.add_argument("--allow-network", dest="block", action="store_false", default=None,
                      help="let notebooks reach the network (full-size fetchers)")
@@ -225,10 +517,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="inject a parameter on top of the profile's (VALUE is read as YAML); repeatable")
     args = ap.parse_args(argv)
     block = (args.profile == "ci") if args.block is None else args.block
-    results = run(args.chapters or chapter_names(), args.profile, args.out, args.jobs,
-                  block_network=block, overrides=parse_overrides(args.overrides))
+    try:
+        results = run(args.chapters or chapter_names(), args.profile, args.out, args.jobs,
+                      block_network=block, overrides=parse_overrides(args.overrides),
+                      use_cache=args.cache)
+    except Interrupted as stop:
+        print(format_table(stop.results), flush=True)
+        return 130
     print(format_table(results))
-    return 0 if all(r.status == "ok" for r in results) else 1
+    return 0 if all(r.ok for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,12 @@ VENV=${VENV:-.venv}
 TORCH_INDEX_URL=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
 PIP_PIN="pip==26.3"
 relock=0
-[ "${1:-}" = "--relock" ] && relock=1
+case "${1:-}" in
+    --relock) relock=1 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) echo "setup_env: unknown argument ${1}; see --help" >&2; exit 2 ;;
+esac
 
 want=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 stamp="$VENV/.nn-kernels-book-installed"
@@ -38,6 +43,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 pip=("$VENV/bin/python" -m pip)
+echo "setup_env: installing the pinned stack into $VENV (about 3 minutes on a fresh machine)"
 "${pip[@]}" install --quiet "$PIP_PIN"
 
 # torch: the CPU build. On the PyPI index a plain 'torch' for Linux pulls several GB
@@ -72,12 +78,14 @@ if [ $relock = 1 ]; then
     "$VENV/bin/python" book/tools/lock.py --write-environment
     want=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 else
-    "${pip[@]}" install --quiet "${torch_args[@]}" -c constraints.txt torch
-    "${pip[@]}" install --quiet -c constraints.txt -e ".[test]"
+    # Not --quiet: pip's "Collecting"/"Downloading" lines and bars are the progress.
+    "${pip[@]}" install --progress-bar on "${torch_args[@]}" -c constraints.txt torch
+    "${pip[@]}" install --progress-bar on -c constraints.txt -e ".[test]"
 fi
 # Chapter 5's compiled CPU kernels (kernels/csrc, g++ and ninja): build them now so
 # that the first notebook or test does not pay for it. Without a compiler the package
 # falls back to pure torch (the tests of the compiled path then fail and say why).
+echo "setup_env: compiling chapter 5's C++ kernels (about a minute)"
 if ! "$VENV/bin/python" -m kernels._ext; then
     echo "setup_env: WARNING: the C++ extension did not build; kernels.hadamard/lookup use pure torch" >&2
 fi
