@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 def book_html(executed_chapters, executed_dir) -> Path:
     if set(executed_chapters) != set(run_chapters.chapter_names()):
         pytest.skip("the book is built only when every chapter was executed")
-    failed = [c for c, r in executed_chapters.items() if r.status != "ok"]
+    failed = [c for c, r in executed_chapters.items() if not r.ok]
     if failed:
         pytest.fail(f"chapters failed to execute: {failed}")
     rc = build_book.build("ci", executed=executed_dir, out=HTML_OUT)

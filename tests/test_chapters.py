@@ -82,9 +82,9 @@ def test_expected_file_is_well_formed(chapter: str) -> None:
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_executes_within_budget(executed_chapters, chapter: str) -> None:
     result = executed_result(executed_chapters, chapter)
-    assert result.status == "ok", (
+    assert result.ok, (
         f"{chapter} ({result.profile}) {result.status} after {result.seconds:.0f} s: "
-        f"{result.message}; log: {Path(result.output).with_suffix('.log')}")
+        f"{result.cell} {result.message}; log: {Path(result.output).with_suffix('.log')}")
 
 
 @pytest.mark.slow
@@ -94,7 +94,7 @@ def test_chapter_executes_within_budget(executed_chapters, chapter: str) -> None
 )
 def test_glued_result_matches_expected(executed_chapters, chapter: str, name: str) -> None:
     result = executed_result(executed_chapters, chapter)
-    if result.status != "ok":
+    if not result.ok:
         pytest.fail(f"{chapter} did not execute ({result.status}); see its own test")
     glued = read_glued(result.output)
     spec = load_expected(chapter)["checks"][name]
@@ -108,7 +108,7 @@ def test_glued_result_matches_expected(executed_chapters, chapter: str, name: st
 def test_each_result_is_glued_once(executed_chapters, chapter: str) -> None:
     # A name glued twice (say inside a loop) makes the book build warn, which fails it.
     result = executed_result(executed_chapters, chapter)
-    if result.status != "ok":
+    if not result.ok:
         pytest.fail(f"{chapter} did not execute ({result.status}); see its own test")
     names = glued_names(result.output)
     repeated = sorted({n for n in names if names.count(n) > 1})
@@ -132,7 +132,7 @@ def test_figures_are_captioned_column_sized_and_error_free(executed_chapters, ch
     from nnk_book import figures
 
     result = executed_result(executed_chapters, chapter)
-    if result.status != "ok":
+    if not result.ok:
         pytest.fail(f"{chapter} did not execute ({result.status}); see its own test")
     nb = nbformat.read(result.output, as_version=4)
     problems, shown = [], 0
