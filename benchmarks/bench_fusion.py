@@ -64,8 +64,10 @@ def row(case, shape, k, timings, ours="fused", ref="original", goal=None, goal_r
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 30; 5 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="5 rounds, no MiniLM model, prints only (no files)")
     args = parser.parse_args()
+    args.repeats = args.repeats or (5 if args.quick else 30)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     rows = []
@@ -93,13 +95,14 @@ def main() -> None:
     rows.append(row("ffn_train_step", "x (8, 128, 384), forward + backward", 384, t))
     print(rows[-1])
 
-    try:
-        from data_scripts.sentences import ModelUnavailableError, load_minilm
+    minilm = None
+    if not args.quick:
+        try:
+            from data_scripts.sentences import ModelUnavailableError, load_minilm
 
-        _, minilm = load_minilm()
-    except ModelUnavailableError as err:  # the model package is optional for this benchmark
-        print(f"skipping minilm_forward: {err}")
-        minilm = None
+            _, minilm = load_minilm()
+        except ModelUnavailableError as err:  # the model package is optional for this benchmark
+            print(f"skipping minilm_forward: {err}")
     if minilm is not None:
         fused_model = compress_model(minilm, 384, layers=[2, 3, 4, 5], method="fusion", n_init=1, max_iter=20)
         ids = torch.randint(1000, 20000, (16, 64), generator=torch.Generator().manual_seed(0))
@@ -123,6 +126,9 @@ def main() -> None:
         f"Threads: {args.threads}. Load averages before/after are in the machine line: on a shared "
         "machine, re-run when the load is lower if a result is near its goal."
     )
+    if args.quick:
+        print("quick run: no files written")
+        return
     json_path, md_path = write_results("fusion", machine, rows, notes)
     print(f"wrote {json_path} and {md_path}")
 

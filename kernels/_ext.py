@@ -124,10 +124,18 @@ def extension_available() -> bool:
     return load_extension() is not None
 
 
-def main() -> int:
-    verbose = "--verbose" in sys.argv[1:]
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels._ext",
+        description="Compile chapter 5's C++ kernels (kernels/csrc/lookup_cpu.cpp) now, into "
+                    f"{build_directory().parent} (or $NN_KERNELS_EXT_DIR), so that the first "
+                    "fwht/LookupFFN call does not pay for it. Idempotent.")
+    ap.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    args = ap.parse_args(argv)
     try:
-        module = build(verbose=verbose)
+        module = build(verbose=args.verbose)
     except RuntimeError as exc:
         print(f"kernels._ext: {exc}", file=sys.stderr)
         return 1

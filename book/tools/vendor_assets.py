@@ -72,7 +72,7 @@ def _npm_pack(name: str, version: str, integrity: str, dest: Path) -> Path:
         raise VendorError(
             "npm was not found: it is needed once to fetch the widget and math scripts "
             f"({name}@{version}) from the npm registry. Install Node.js/npm, or build with "
-            "--cdn (make book WIDGETS=cdn) to load them from public CDNs instead.")
+            "--cdn (make book ASSETS=cdn) to load them from public CDNs instead.")
     proc = subprocess.run([npm, "pack", f"{name}@{version}", "--json", "--pack-destination",
                            str(dest)], capture_output=True, text=True)
     if proc.returncode != 0:

@@ -1,0 +1,77 @@
+"""The project's tools explain themselves: make help, and --help on every script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(
+    p for folder in ("book/tools", "benchmarks", "data_scripts")
+    for p in (ROOT / folder).glob("*.py") if 'if __name__ == "__main__"' in p.read_text())
+
+
+def _tree_state() -> set[str]:
+    """Every file under the repository (except .venv and caches), to catch side effects."""
+    skip = {".venv", ".git", "__pycache__", ".pytest_cache"}
+    return {str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
+            if p.is_file() and not skip & set(p.relative_to(ROOT).parts)}
+
+
+def test_there_are_scripts_to_check() -> None:
+    names = {p.name for p in SCRIPTS}
+    assert {"run_chapters.py", "build_book.py", "record_run.py", "bench_fusion.py"} <= names
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_script_answers_help_without_side_effects(script: Path, tmp_path: Path) -> None:
+    before = _tree_state()
+    env = dict(os.environ, NN_KERNELS_EXT_DIR=str(tmp_path / "ext"))
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage" in proc.stdout.lower(), proc.stdout[:500]
+    assert _tree_state() == before, "--help created or removed files"
+    assert not (tmp_path / "ext").exists(), "--help started a build"
+
+
+def test_setup_env_and_extension_answer_help(tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(ROOT / "book/tools/setup_env.sh"), "--help"],
+                          capture_output=True, text=True, timeout=30, env=dict(os.environ, VENV=str(tmp_path / "v")))
+    assert proc.returncode == 0 and "--relock" in proc.stdout
+    assert not (tmp_path / "v").exists(), "--help created a virtual environment"
+    env = dict(os.environ, NN_KERNELS_EXT_DIR=str(tmp_path / "ext"))
+    proc = subprocess.run([sys.executable, "-m", "kernels._ext", "--help"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and "usage" in proc.stdout
+    assert not (tmp_path / "ext").exists(), "--help started a build"
+
+
+def test_make_help_lists_every_target() -> None:
+    proc = subprocess.run(["make", "-s", "help"], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert proc.returncode == 0
+    makefile = (ROOT / "Makefile").read_text()
+    phony = next(line for line in makefile.splitlines() if line.startswith(".PHONY:"))
+    targets = phony.split(":", 1)[1].split()
+    for target in targets:
+        if target != "help":
+            assert f"make {target}" in proc.stdout, f"make help does not list {target}"
+
+
+def test_lab_kernel_imports_this_project() -> None:
+    """make lab starts JupyterLab from .venv: its python3 kernel must import kernels and nnk_book."""
+    jupyter = Path(sys.executable).with_name("jupyter")
+    assert jupyter.exists() and Path(sys.executable).with_name("jupyter-lab").exists(), "jupyterlab missing"
+    specs = json.loads(subprocess.run([str(jupyter), "kernelspec", "list", "--json"], capture_output=True,
+                                      text=True, check=True).stdout)["kernelspecs"]
+    argv = specs["python3"]["spec"]["argv"]
+    python = sys.executable if argv[0] in ("python", "python3") else argv[0]
+    proc = subprocess.run([python, "-c", "import kernels, nnk_book, data_scripts; print(kernels.__file__)"],
+                          capture_output=True, text=True, cwd=ROOT / "chapters", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    assert proc.stdout.strip().startswith(str(ROOT / "kernels"))
