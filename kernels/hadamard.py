@@ -353,7 +353,37 @@ class BHProjection(_Structured):
         )
         self.blocks = nn.Parameter(blocks / math.sqrt(self.block))
 
+    def check_blocks(self) -> Tensor:
+        """The ``blocks`` parameter, checked against the layout this projection was built
+        with: ``(m, copies, d_pad / block, block, block)``, floating point.
+
+        Raises ``ValueError`` (``TypeError`` for a non-float tensor) naming ``blocks``
+        when a user edited ``blocks`` (or ``in_features``, ``block``, ...) so that they
+        no longer agree -- before the compiled kernel would read out of bounds.
+        """
+        blocks = self.blocks
+        if not isinstance(blocks, Tensor):
+            raise TypeError(f"blocks must be a torch.Tensor, got {type(blocks).__name__}")
+        if not blocks.is_floating_point():
+            raise TypeError(f"blocks must have a floating-point dtype, got {blocks.dtype}")
+        d_pad, copies = _layout(self.in_features, self.out_features)
+        block = self.block
+        if not isinstance(block, int) or block < 1 or d_pad % block:
+            raise ValueError(
+                f"block must be a positive divisor of the padded width {d_pad}, got {block!r}"
+            )
+        want = (self.m, copies, d_pad // block, block, block)
+        if tuple(blocks.shape) != want or (self.d_pad, self.copies) != (d_pad, copies):
+            raise ValueError(
+                f"blocks must have shape (m, copies, d_pad / block, block, block) = {want} for "
+                f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"block={block}, m={self.m}; got {tuple(blocks.shape)} (were blocks or the "
+                "sizes edited after construction?)"
+            )
+        return blocks
+
     def forward(self, x: Tensor) -> Tensor:
+        self.check_blocks()
         y = self._expand(x)
         lead = y.shape[:-2]
         nb = self.d_pad // self.block
@@ -378,6 +408,24 @@ def _check_fused_array(name: str, value: Any) -> None:
         )
 
 
+def _check_fused_projection(x: Any, projection: Any, x_name: str = "x") -> Tensor:
+    """Everything the compiled BH kernels assume; returns the projection's blocks."""
+    if not isinstance(projection, BHProjection):
+        raise TypeError(f"projection must be a BHProjection, got {type(projection).__name__}")
+    _check_fused_array(x_name, x)
+    if x.ndim != 2 or x.shape[1] != projection.in_features:
+        raise ValueError(
+            f"{x_name} must have shape (tokens, {projection.in_features}), got {tuple(x.shape)}"
+        )
+    blocks = projection.check_blocks().detach()
+    if projection.block % 16:
+        raise ValueError(f"the fused kernel needs block to be a multiple of 16, got {projection.block}")
+    _check_fused_array("blocks", blocks.contiguous())
+    if blocks.dtype != x.dtype:
+        raise TypeError(f"{x_name} must have the projection's dtype {blocks.dtype}, got {x.dtype}")
+    return blocks.contiguous()
+
+
 def bh_project_fused(x: Tensor, projection: "BHProjection") -> Tensor:
     """:class:`BHProjection` forward by the compiled kernel (inference only, no gradient).
 
@@ -386,22 +434,11 @@ def bh_project_fused(x: Tensor, projection: "BHProjection") -> Tensor:
     block). Tiles of 8 tokens go through all ``m`` rounds of block products and FWHTs in
     per-thread buffers. Raises ``RuntimeError`` when the extension cannot be built.
     """
-    if not isinstance(projection, BHProjection):
-        raise TypeError(f"projection must be a BHProjection, got {type(projection).__name__}")
-    _check_fused_array("x", x)
-    if x.ndim != 2 or x.shape[1] != projection.in_features:
-        raise ValueError(
-            f"x must have shape (tokens, {projection.in_features}), got {tuple(x.shape)}"
-        )
-    if projection.block % 16:
-        raise ValueError(f"the fused kernel needs block to be a multiple of 16, got {projection.block}")
-    blocks = projection.blocks.detach()
-    if blocks.dtype != x.dtype:
-        raise TypeError(f"x must have the projection's dtype {blocks.dtype}, got {x.dtype}")
+    blocks = _check_fused_projection(x, projection)
     from kernels._ext import build
 
     with torch.no_grad():
-        return build().bh_project(x, blocks.contiguous(), projection.out_features)
+        return build().bh_project(x, blocks, projection.out_features)
 
 
 def BH4(

@@ -114,9 +114,10 @@ def _check_tau(tau: Any) -> int:
 def _check_tables(tables: Any) -> tuple[int, int, int]:
     check_tensor("tables", tables, ndim=3, finite=False)
     h, rows, d_out = tables.shape
-    if rows < 2 or rows & (rows - 1):
+    if rows < 2 or rows & (rows - 1) or h < 1 or d_out < 1:
         raise ValueError(
-            f"tables must have shape (h, 2**tau, d_out) with tau >= 1, got {tuple(tables.shape)}"
+            "tables must have shape (h, 2**tau, d_out) with h >= 1, tau >= 1 and d_out >= 1, "
+            f"got {tuple(tables.shape)}"
         )
     return h, rows.bit_length() - 1, d_out
 
@@ -354,7 +355,7 @@ def lookup_bh_forward_fused(
     then codes, weights and the gather-accumulate of :func:`lookup_forward_fused`; the
     soft codes live only in a per-thread buffer. No gradients.
     """
-    from kernels.hadamard import _check_fused_array
+    from kernels.hadamard import _check_fused_array, _check_fused_projection
 
     if not isinstance(projection, BHProjection):
         raise TypeError(f"projection must be a BHProjection, got {type(projection).__name__}")
@@ -366,22 +367,19 @@ def lookup_bh_forward_fused(
             f"projection must map to h * tau = {h * tau} features for tables of shape "
             f"{tuple(tables.shape)}, got out_features={projection.out_features}"
         )
-    if x.ndim != 2 or x.shape[1] != projection.in_features:
-        raise ValueError(f"x must have shape (tokens, {projection.in_features}), got {tuple(x.shape)}")
-    if projection.block % 16:
-        raise ValueError(f"the fused kernel needs block to be a multiple of 16, got {projection.block}")
-    blocks = projection.blocks.detach()
-    if not (x.dtype == tables.dtype == blocks.dtype):
+    blocks_dtype = getattr(projection.blocks, "dtype", None)
+    if not (x.dtype == tables.dtype == blocks_dtype):
         raise TypeError(
             f"x, tables and the projection must share one dtype, got {x.dtype}, "
-            f"{tables.dtype} and {blocks.dtype}"
+            f"{tables.dtype} and {blocks_dtype}"
         )
+    blocks = _check_fused_projection(x, projection)
     if not isinstance(scaled, bool):
         raise TypeError(f"scaled must be a bool, got {scaled!r}")
     from kernels._ext import build
 
     with torch.no_grad():
-        return build().lookup_bh_forward(x, blocks.contiguous(), tables, tau, scaled)
+        return build().lookup_bh_forward(x, blocks, tables, tau, scaled)
 
 
 def gather_fused(
@@ -398,6 +396,8 @@ def gather_fused(
     h, tau, d_out = _check_tables(tables)
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int64:
         raise TypeError("codes must be an int64 tensor")
+    if codes.device.type != "cpu":
+        raise ValueError(f"the fused kernel runs on the CPU; codes is on {codes.device}")
     if codes.ndim != 2 or codes.shape[1] != h:
         raise ValueError(f"codes must have shape (tokens, {h}), got {tuple(codes.shape)}")
     if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 2**tau):
@@ -520,8 +520,30 @@ class LookupFFN(nn.Module):
         """Soft hash codes ``z = x R``: ``(..., d_model)`` -> ``(..., h * tau)``."""
         return self.projection(x)
 
+    def _check_input(self, x: Any) -> Tensor:
+        """The same checks, with the same messages, in front of every backend."""
+        check_tensor("x", x, finite=False)
+        if x.ndim == 0 or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"x must have shape (..., d_model) with d_model={self.d_model}, got "
+                f"{tuple(x.shape)}"
+            )
+        if self.projection_kind != "custom" and x.dtype != self.tables.dtype:
+            raise TypeError(
+                f"x must have the layer's dtype {self.tables.dtype}, got {x.dtype} (convert "
+                "the input with .to(), or the layer with .to(dtype))"
+            )
+        want = (self.h, 2**self.tau, self.d_out)
+        if not isinstance(self.tables, Tensor) or tuple(self.tables.shape) != want:
+            raise ValueError(
+                f"tables must have shape (h, 2**tau, d_out) = {want}, got "
+                f"{tuple(getattr(self.tables, 'shape', ()))} (were they replaced?)"
+            )
+        return x
+
     def forward(self, x: Tensor, backend: str = "auto") -> Tensor:
         check_choice("backend", backend, LOOKUP_BACKENDS)
+        self._check_input(x)
         if backend == "auto":
             fast = (
                 not torch.is_grad_enabled()

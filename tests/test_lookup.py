@@ -257,3 +257,139 @@ def test_bad_input() -> None:
         lookup_bh_forward_fused(torch.zeros(3, 16), BHProjection(16, 20, 16), layer.tables.detach())
     with pytest.raises(TypeError, match="scaled"):
         lookup_gather(z, tables, scaled=1)
+
+
+# ------------------------------------------------------------ crashes of the compiled path
+# Each case runs in a child process: before the checks in front of the C++ kernels, the
+# first killed the interpreter with SIGFPE (a division by the number of tables) and the
+# second read out of bounds (blocks no longer matching in_features).
+def _isolated_errors(code: str) -> list[str]:
+    from isolated import describe, run_isolated
+
+    proc = run_isolated(code)
+    assert proc.returncode == 0, describe(proc)
+    return [line for line in proc.stdout.splitlines() if line]
+
+
+def test_zero_tables_is_an_error_not_a_crash() -> None:
+    lines = _isolated_errors("""
+        import torch
+        from kernels.lookup import gather_fused, lookup_forward_fused
+        for z, t in [(torch.zeros(3, 0), torch.zeros(0, 2, 4)), (torch.zeros(0, 0), torch.zeros(0, 2, 4)),
+                     (torch.zeros(3, 2), torch.zeros(2, 2, 0))]:
+            try:
+                lookup_forward_fused(z, t)
+                print("no error")
+            except ValueError as exc:
+                print("ValueError", exc)
+        try:
+            gather_fused(torch.zeros(3, 0, dtype=torch.int64), torch.zeros(3, 0), torch.zeros(0, 2, 4))
+        except ValueError as exc:
+            print("ValueError", exc)
+    """)
+    assert len(lines) == 4 and all(line.startswith("ValueError tables must") for line in lines), lines
+    assert "h >= 1" in lines[0]
+
+
+def test_edited_projection_blocks_are_an_error_on_every_path() -> None:
+    lines = _isolated_errors("""
+        import torch
+        from kernels.hadamard import bh_project_fused
+        from kernels.lookup import LookupFFN, lookup_bh_forward_fused
+        layer = LookupFFN(64, 4, 4, block=16, generator=torch.Generator().manual_seed(0))
+        layer.projection.blocks = torch.nn.Parameter(layer.projection.blocks[:, :, :1].clone())
+        x = torch.randn(9, 64)
+        calls = [lambda: layer(x, backend="torch"), lambda: layer(x, backend="naive")]
+        with torch.no_grad():
+            calls += [lambda: layer(x), lambda: layer(x, backend="fused"),
+                      lambda: lookup_bh_forward_fused(x, layer.projection, layer.tables.detach()),
+                      lambda: bh_project_fused(x, layer.projection)]
+            for call in calls:
+                try:
+                    call()
+                    print("no error")
+                except ValueError as exc:
+                    print("ValueError", exc)
+    """)
+    assert len(lines) == 6, lines
+    for line in lines:
+        assert line.startswith("ValueError blocks must have shape"), line
+        assert "(4, 1, 4, 16, 16)" in line and "(4, 1, 1, 16, 16)" in line
+
+
+def test_compiled_entry_points_check_their_arguments() -> None:
+    """A direct call of the compiled module with bad arguments raises, it does not crash."""
+    lines = _isolated_errors("""
+        import torch
+        from kernels._ext import build
+        m = build()
+        f32 = torch.float32
+        cases = [
+            lambda: m.lookup_forward(torch.zeros(3, 0), torch.zeros(0, 2, 4), True),
+            lambda: m.lookup_forward(torch.zeros(3, 4), torch.zeros(2, 3, 4), True),
+            lambda: m.lookup_forward(torch.zeros(3, 5), torch.zeros(2, 4, 4), True),
+            lambda: m.lookup_forward(torch.zeros(3, 4, dtype=torch.float64), torch.zeros(2, 4, 4), True),
+            lambda: m.lookup_forward(torch.zeros(4, 3).T, torch.zeros(2, 4, 4), True),
+            lambda: m.lookup_bh_forward(torch.randn(5, 32), torch.randn(4, 1, 1, 16, 16), torch.randn(4, 16, 8), 4, True),
+            lambda: m.lookup_bh_forward(torch.randn(5, 16), torch.randn(4, 1, 1, 16, 16), torch.randn(8, 16, 8), 4, True),
+            lambda: m.lookup_bh_forward(torch.randn(5, 8), torch.randn(4, 1, 1, 8, 8), torch.randn(2, 16, 8), 4, True),
+            lambda: m.bh_project(torch.randn(5, 32), torch.randn(4, 1, 1, 16, 16), 16),
+            lambda: m.bh_project(torch.randn(5, 16), torch.randn(4, 1, 1, 16, 16), 40),
+            lambda: m.fwht(torch.randn(3, 6), True),
+            lambda: m.fwht(torch.randn(3, 4, 4), True),
+            lambda: m.gather(torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 3), torch.zeros(2, 4, 4), torch.zeros(3, 4)),
+            lambda: m.gather(torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2), torch.zeros(2, 4, 4), torch.zeros(2, 4)),
+        ]
+        for call in cases:
+            try:
+                call()
+                print("no error")
+            except RuntimeError as exc:
+                print("RuntimeError", str(exc).splitlines()[0])
+    """)
+    assert len(lines) == 14, lines
+    assert all(line.startswith("RuntimeError nnk_lookup_cpu: ") for line in lines), lines
+
+
+def test_lookup_ffn_fused_path_checks_input_like_the_torch_path() -> None:
+    layer = LookupFFN(32, 4, 4, block=16, generator=torch.Generator().manual_seed(0))
+    bad = [
+        ([[0.0] * 32], TypeError, "x must be a torch.Tensor"),
+        (torch.zeros(3, 31), ValueError, r"x must have shape \(\.\.\., d_model\) with d_model=32"),
+        (torch.zeros(3, 32, dtype=torch.float16), TypeError, "x must have the layer's dtype torch.float32"),
+        (torch.zeros(3, 32, dtype=F64), TypeError, "x must have the layer's dtype"),
+        (torch.zeros(3, 32, dtype=torch.int64), TypeError, "x must have a floating-point dtype"),
+        (torch.tensor(1.0), ValueError, "x must have shape"),
+    ]
+    for backend in ("torch", "naive", "fused", "auto"):
+        for x, error, message in bad:
+            with pytest.raises(error, match=message):
+                layer(x, backend=backend)
+            with torch.no_grad(), pytest.raises(error, match=message):
+                layer(x, backend=backend)
+    layer.tables = torch.nn.Parameter(layer.tables.detach()[:, :, :5].clone())
+    with torch.no_grad(), pytest.raises(ValueError, match="tables must have shape"):
+        layer(torch.zeros(3, 32))
+
+
+@pytest.mark.slow
+def test_debug_build_compiles_and_checks_indices(tmp_path) -> None:
+    """NN_KERNELS_EXT_DEBUG=1 builds a separate module with the NNK_ASSERT index checks on."""
+    from isolated import describe, run_isolated
+
+    proc = run_isolated("""
+        import torch
+        from kernels import _ext
+        from kernels.lookup import lookup_forward_fused, lookup_gather
+        m = _ext.build()
+        assert m.__name__.endswith("_debug"), m.__name__
+        z, t = torch.randn(50, 12, dtype=torch.float64), torch.randn(3, 16, 5, dtype=torch.float64)
+        torch.testing.assert_close(lookup_forward_fused(z, t), lookup_gather(z, t))
+        try:
+            m.gather(torch.full((2, 3), 16), torch.ones(2, 3, dtype=torch.float64), t, torch.empty(2, 5, dtype=torch.float64))
+            print("no error")
+        except RuntimeError as exc:
+            print("RuntimeError", str(exc).splitlines()[0])
+    """, timeout=900, env={"NN_KERNELS_EXT_DIR": str(tmp_path), "NN_KERNELS_EXT_DEBUG": "1"})
+    assert proc.returncode == 0, describe(proc)
+    assert "debug bounds check" in proc.stdout and "outside [0, 16)" in proc.stdout, proc.stdout

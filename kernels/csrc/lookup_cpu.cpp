@@ -3,8 +3,11 @@
 //
 // Built on first use (or at install time) by kernels/_ext.py with
 // torch.utils.cpp_extension.load; the Python wrappers in kernels/hadamard.py and
-// kernels/lookup.py validate every argument, so the functions below trust their callers
-// (contiguous CPU tensors of the dtype they expect, power-of-two lengths).
+// kernels/lookup.py validate every argument with messages that name it. The entry points
+// below check again (NNK_ARG: shapes, dtypes, contiguity, sizes >= 1; a few integer
+// compares per call, always on), so that a direct call with bad arguments raises a
+// RuntimeError instead of reading out of bounds. Inner loops check their indices only
+// in debug builds (-DNNK_DEBUG, NN_KERNELS_EXT_DEBUG=1 in kernels/_ext.py): NNK_ASSERT.
 //
 // Parallelism: at::parallel_for over rows / tokens (OpenMP in torch's CPU builds), so
 // torch.set_num_threads controls it. Vectorisation: the compiler's, with -O3 and
@@ -18,7 +21,38 @@
 #include <cstdint>
 #include <vector>
 
+#define NNK_ARG(cond, ...) TORCH_CHECK(cond, "nnk_lookup_cpu: ", __VA_ARGS__)
+#ifdef NNK_DEBUG
+#define NNK_ASSERT(cond, ...) TORCH_CHECK(cond, "nnk_lookup_cpu (debug bounds check): ", __VA_ARGS__)
+#else
+#define NNK_ASSERT(cond, ...) ((void)0)
+#endif
+
 namespace {
+
+// Argument checks shared by the entry points (always on; see the header comment).
+inline void check_float_cpu(const torch::Tensor& t, const char* name, int64_t dim) {
+  NNK_ARG(t.device().is_cpu(), name, " must be a CPU tensor");
+  NNK_ARG(t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble, name,
+          " must be float32 or float64, got ", t.scalar_type());
+  NNK_ARG(t.is_contiguous(), name, " must be contiguous");
+  NNK_ARG(t.dim() == dim, name, " must have ", dim, " dimensions, got ", t.dim());
+}
+
+inline bool power_of_two(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// tables: (h, 2^tau, d) with h, d >= 1 and 1 <= tau <= 40; returns tau.
+inline int64_t check_tables(const torch::Tensor& tables) {
+  check_float_cpu(tables, "tables", 3);
+  const int64_t h = tables.size(0), rows = tables.size(1), d = tables.size(2);
+  NNK_ARG(h >= 1 && d >= 1, "tables must have h >= 1 tables of d_out >= 1 columns, got (",
+          h, ", ", rows, ", ", d, ")");
+  NNK_ARG(rows >= 2 && power_of_two(rows) && rows <= (int64_t(1) << 40),
+          "tables must have 2^tau rows with 1 <= tau <= 40, got ", rows);
+  int64_t tau = 0;
+  while ((int64_t(1) << tau) < rows) ++tau;
+  return tau;
+}
 
 // ---------------------------------------------------------------------------- FWHT
 // Unnormalised Sylvester ordering: H_1 = [1], H_{2n} = [[H_n, H_n], [H_n, -H_n]].
@@ -131,7 +165,9 @@ void fwht_rows(const T* src, T* dst, int64_t rows, int64_t d, T scale) {
 
 torch::Tensor fwht_cpu(const torch::Tensor& x, bool normalized) {
   // x: (rows, d) contiguous float32/float64 on the CPU, d a power of two.
+  check_float_cpu(x, "x", 2);
   const int64_t rows = x.size(0), d = x.size(1);
+  NNK_ARG(power_of_two(d), "x must have a power-of-two number of columns, got ", d);
   auto out = torch::empty_like(x);
   if (rows == 0) return out;
   if (x.scalar_type() == torch::kFloat) {
@@ -179,6 +215,7 @@ inline void accumulate_rows(const T* __restrict tables, const int64_t* __restric
     }
     const T* __restrict row = tables + offsets[k];
     const T w = weights[k];
+    NNK_ASSERT(offsets[k] >= 0, "negative row offset ", offsets[k], " for table ", k);
 #pragma omp simd
     for (int64_t c = 0; c < d; ++c) y[c] += w * row[c];
   }
@@ -201,6 +238,8 @@ void lookup_token(const T* __restrict z, const T* __restrict tables, T* __restri
       denom *= T(1) + expo[k * tau + j];
       s += std::abs(v);
     }
+    NNK_ASSERT(code >= 0 && code < rows_per_table, "code ", code, " of table ", k,
+               " outside [0, ", rows_per_table, ")");
     codes[k] = (k * rows_per_table + code) * d;
     weights[k] = scaled ? s / denom : T(1) / denom;
   }
@@ -222,8 +261,11 @@ void lookup_tokens(const T* z, const T* tables, T* y, int64_t n, int64_t h, int6
 torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& tables,
                                  bool scaled) {
   // z: (n, h*tau), tables: (h, 2^tau, d); both contiguous, same float dtype, CPU.
+  const int64_t tau = check_tables(tables);
+  check_float_cpu(z, "z", 2);
+  NNK_ARG(z.scalar_type() == tables.scalar_type(), "z and tables must share one dtype");
   const int64_t n = z.size(0), h = tables.size(0), d = tables.size(2);
-  const int64_t tau = z.size(1) / h;
+  NNK_ARG(z.size(1) == h * tau, "z must have h * tau = ", h * tau, " columns, got ", z.size(1));
   auto y = torch::empty({n, d}, z.options());
   if (n == 0) return y;
   if (z.scalar_type() == torch::kFloat) {
@@ -282,6 +324,8 @@ void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_
                      int64_t width, int64_t out_stride, T scale) {
   for (int64_t c = 0; c < copies; ++c) {
     std::fill(cur, cur + kTile * dp, T(0));
+    NNK_ASSERT(d_in <= dp && count <= kTile && width <= out_stride,
+               "tile bounds: d_in ", d_in, " > width ", dp, " or count ", count, " > ", kTile);
     for (int64_t t = 0; t < count; ++t)
       std::copy(x + t * d_in, x + (t + 1) * d_in, cur + t * dp);
     for (int64_t i = 0; i < m; ++i) {
@@ -293,6 +337,25 @@ void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_
     for (int64_t t = 0; t < count; ++t)
       std::copy(cur + t * dp, cur + t * dp + (hi - lo), out + t * out_stride + lo);
   }
+}
+
+// x: (n, d_in); blocks: (m, copies, dp / b, b, b) with b a positive multiple of 16, dp a
+// power of two >= d_in, and copies * dp >= width (the features that are read).
+inline void check_bh(const torch::Tensor& x, const torch::Tensor& blocks, int64_t width) {
+  check_float_cpu(x, "x", 2);
+  check_float_cpu(blocks, "blocks", 5);
+  NNK_ARG(x.scalar_type() == blocks.scalar_type(), "x and blocks must share one dtype");
+  const int64_t m = blocks.size(0), copies = blocks.size(1), nb = blocks.size(2);
+  const int64_t b = blocks.size(3);
+  NNK_ARG(m >= 1 && copies >= 1 && nb >= 1, "blocks must have m, copies and blocks >= 1");
+  NNK_ARG(b >= 16 && b % 16 == 0 && blocks.size(4) == b,
+          "blocks must be square with a side that is a multiple of 16, got ", b, " x ",
+          blocks.size(4));
+  const int64_t dp = nb * b;
+  NNK_ARG(power_of_two(dp) && dp >= x.size(1), "blocks cover a width of ", dp,
+          ", which must be a power of two >= the ", x.size(1), " columns of x");
+  NNK_ARG(width >= 1 && copies * dp >= width, "blocks give ", copies * dp,
+          " features, fewer than the ", width, " needed");
 }
 
 template <typename T>
@@ -320,6 +383,9 @@ void lookup_bh_tokens(const T* x, const T* blocks, const T* tables, T* y, int64_
 
 torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
                                     const torch::Tensor& tables, int64_t tau, bool scaled) {
+  NNK_ARG(check_tables(tables) == tau, "tables must have 2^tau = 2^", tau, " rows");
+  NNK_ARG(tables.scalar_type() == x.scalar_type(), "x and tables must share one dtype");
+  check_bh(x, blocks, tables.size(0) * tau);
   const int64_t n = x.size(0), d_in = x.size(1);
   const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
   const int64_t dp = blocks.size(2) * b;
@@ -341,6 +407,7 @@ torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor&
 // BH-m projection alone, same tiles (used to time the hash step on its own).
 torch::Tensor bh_project_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
                              int64_t d_out) {
+  check_bh(x, blocks, d_out);
   const int64_t n = x.size(0), d_in = x.size(1);
   const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
   const int64_t dp = blocks.size(2) * b;
@@ -374,7 +441,12 @@ void gather_tokens(const int64_t* codes, const T* weights, const T* tables, T* y
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> offsets(h);
     for (int64_t t = begin; t < end; ++t) {
-      for (int64_t k = 0; k < h; ++k) offsets[k] = (k * rows_per_table + codes[t * h + k]) * d;
+      for (int64_t k = 0; k < h; ++k) {
+        NNK_ASSERT(codes[t * h + k] >= 0 && codes[t * h + k] < rows_per_table, "code ",
+                   codes[t * h + k], " of token ", t, ", table ", k, " outside [0, ",
+                   rows_per_table, ")");
+        offsets[k] = (k * rows_per_table + codes[t * h + k]) * d;
+      }
       accumulate_rows<T>(tables, offsets.data(), weights + t * h, h, d, y + t * d);
     }
   });
@@ -385,8 +457,18 @@ void gather_cpu(const torch::Tensor& codes, const torch::Tensor& weights,
   // codes: (n, h) int64 in [0, 2^tau); weights: (n, h); tables: (h, 2^tau, d);
   // out: (n, d), written (preallocated by the caller, so that timing the gather alone
   // does not time the page faults of a fresh output).
+  check_tables(tables);
   const int64_t n = codes.size(0), h = tables.size(0), rows = tables.size(1),
                 d = tables.size(2);
+  NNK_ARG(codes.device().is_cpu() && codes.scalar_type() == torch::kLong &&
+              codes.is_contiguous() && codes.dim() == 2 && codes.size(1) == h,
+          "codes must be a contiguous CPU int64 tensor of shape (tokens, ", h, ")");
+  check_float_cpu(weights, "weights", 2);
+  check_float_cpu(out, "out", 2);
+  NNK_ARG(weights.sizes() == codes.sizes() && weights.scalar_type() == tables.scalar_type(),
+          "weights must have the shape of codes and the dtype of tables");
+  NNK_ARG(out.size(0) == n && out.size(1) == d && out.scalar_type() == tables.scalar_type(),
+          "out must have shape (", n, ", ", d, ") and the dtype of tables");
   if (n == 0) return;
   if (tables.scalar_type() == torch::kFloat) {
     gather_tokens<float>(codes.data_ptr<int64_t>(), weights.data_ptr<float>(),
