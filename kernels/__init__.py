@@ -8,7 +8,7 @@ Each module implements the methods one chapter derives (see ``chapters/``):
 * :mod:`kernels.hadamard`, :mod:`kernels.lookup` -- fast Walsh-Hadamard transform, BH4 projections, LookupFFN with a compiled CPU kernel (chapter 5).
 * :mod:`kernels.fusion` -- MLP fusion: clustering sub-MLPs, compressed FFNs, NTK errors (chapter 6).
 
-Shared plumbing lives in :mod:`kernels.device` (device selection) and
+Shared plumbing lives in :mod:`kernels.device` (device selection and device checks) and
 :mod:`kernels._checks` (argument validation).
 """
 

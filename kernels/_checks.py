@@ -11,8 +11,12 @@ from typing import Any, Collection, Optional, Sequence
 
 import torch
 
+from kernels.device import check_tensor_device
+
 __all__ = [
     "check_tensor",
+    "check_same_dtype",
+    "check_nonempty",
     "check_positive_int",
     "check_nonnegative_float",
     "check_positive_float",
@@ -29,9 +33,11 @@ def check_tensor(
     floating: bool = True,
     finite: bool = True,
 ) -> torch.Tensor:
-    """Check that ``value`` is a tensor of the expected rank, dtype kind and finiteness."""
+    """Check that ``value`` is a tensor on a supported device (CPU or CUDA, see
+    :mod:`kernels.device`) of the expected rank, dtype kind and finiteness."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    check_tensor_device(name, value)
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if value.ndim not in allowed:
@@ -99,3 +105,21 @@ def check_same_feature_dim(name1: str, x1: torch.Tensor, name2: str, x2: torch.T
             f"{name1} and {name2} must have the same feature dimension, got "
             f"{x1.shape[-1]} ({name1}) and {x2.shape[-1]} ({name2})"
         )
+
+
+def check_same_dtype(*named: tuple[str, torch.Tensor]) -> None:
+    """Check that ``(name, tensor)`` pairs share one dtype (a mixed float32/float64 or
+    float16/float32 pair otherwise fails inside a matmul with a message naming neither)."""
+    (first, x), *rest = named
+    for name, y in rest:
+        if y.dtype != x.dtype:
+            raise TypeError(
+                f"{first} and {name} must have the same dtype, got {x.dtype} ({first}) and "
+                f"{y.dtype} ({name}); convert one of them with .to()"
+            )
+
+
+def check_nonempty(name: str, value: torch.Tensor, dim: int, what: str) -> None:
+    """Check that ``value.shape[dim] >= 1`` (``what`` names that dimension: "row", "column")."""
+    if value.shape[dim] < 1:
+        raise ValueError(f"{name} must have at least one {what}, got shape {tuple(value.shape)}")

@@ -40,7 +40,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from kernels._checks import check_choice, check_positive_float, check_positive_int, check_tensor
+from kernels._checks import (
+    check_choice,
+    check_nonempty,
+    check_positive_float,
+    check_positive_int,
+    check_same_dtype,
+    check_tensor,
+)
 
 __all__ = [
     "gaussian_projections",
@@ -149,6 +156,7 @@ def softmax_kernel(x: Tensor, y: Tensor) -> Tensor:
     check_tensor("y", y, ndim=2)
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(f"x and y must have the same feature dimension, got {x.shape[-1]} and {y.shape[-1]}")
+    check_same_dtype(("x", x), ("y", y))
     return torch.exp(x @ y.T)
 
 
@@ -217,6 +225,7 @@ def softmax_features(
     if not (x.is_floating_point() or x.is_complex()):
         raise TypeError(f"x must be a floating or complex tensor, got {x.dtype}")
     check_tensor("projections", projections, ndim=2)
+    check_nonempty("projections", projections, 0, "row (random feature)")
     if x.shape[-1] != projections.shape[-1]:
         raise ValueError(
             f"x has feature dimension {x.shape[-1]} but projections have {projections.shape[-1]} columns"
@@ -571,6 +580,7 @@ def arccos_kernel(x: Tensor, y: Tensor, order: int = 1) -> Tensor:
         raise ValueError(f"x and y must have the same feature dimension, got {x.shape[-1]} and {y.shape[-1]}")
     if isinstance(order, bool) or order not in (0, 1, 2):
         raise ValueError(f"order must be 0, 1 or 2, got {order!r}")
+    check_same_dtype(("x", x), ("y", y))
     nx, ny = x.norm(dim=-1), y.norm(dim=-1)
     denom = (nx[:, None] * ny[None, :]).clamp_min(torch.finfo(x.dtype).tiny)
     cos = ((x @ y.T) / denom).clamp(-1.0, 1.0)
@@ -586,6 +596,7 @@ def arccos_features(x: Tensor, projections: Tensor, order: int = 1) -> Tensor:
     """
     check_tensor("x", x)
     check_tensor("projections", projections, ndim=2)
+    check_nonempty("projections", projections, 0, "row (random feature)")
     if isinstance(order, bool) or order not in (0, 1, 2):
         raise ValueError(f"order must be 0, 1 or 2, got {order!r}")
     if x.shape[-1] != projections.shape[-1]:

@@ -21,6 +21,13 @@ This module is the first half of the package side of chapter 5
 * :func:`projection_flops` / :func:`projection_params`: the cost model behind the
   paper's MFLOP columns (Tables 1-4).
 
+NaN and Inf are not scanned for (one more pass over a memory-bound transform): they
+propagate through :func:`fwht` and the projections as through the dense products
+(:func:`fwht_torch`); for such input the compiled kernel's values are unspecified (see
+:mod:`kernels._ext`), never out-of-bounds reads. Every other bad argument -- a wrong
+width, dtype, device, layout, or ``blocks`` edited out of shape -- is a ``ValueError`` or
+``TypeError`` naming the argument, before any compiled code runs.
+
 Shapes: inputs are ``(..., d_in)``; a structured projection pads ``d_in`` to the next
 power of two :math:`d_p` and, when ``d_out`` exceeds :math:`d_p`, runs
 :math:`c = \\lceil d_{out}/d_p \\rceil` independent copies on the same input and

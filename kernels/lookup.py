@@ -37,9 +37,19 @@ What is here:
   materialised), built by :mod:`kernels._ext`;
 * :class:`LookupFFN`, and the baselines of the chapter's language model:
   :class:`VanillaFFN`, :class:`BlockDiagonalFFN` (grouped linear + channel shuffle) and
-  :class:`Top1MoEFFN` (switch-style top-1 mixture of experts);
+  :class:`Top1MoEFFN` (switch-style top-1 mixture of experts) and :class:`LSHSparseFFN`
+  (SLIDE-style hashed neuron selection, :func:`simhash_codes`, :func:`lsh_active_mask`);
 * FLOP accounting that reproduces the paper's MFLOP columns: :func:`lookup_ffn_flops`,
-  :func:`vanilla_ffn_flops`, :func:`block_diagonal_ffn_flops`, :func:`moe_ffn_flops`.
+  :func:`vanilla_ffn_flops`, :func:`block_diagonal_ffn_flops`, :func:`moe_ffn_flops`,
+  :func:`lsh_ffn_flops`.
+
+Bad input: every entry point, the fused ones included, checks its arguments (type,
+shape, dtype, device, contiguity for the C++ kernels, at least one table) and raises a
+``ValueError``/``TypeError`` naming the argument before any compiled code runs. NaN and
+Inf in ``z`` or ``x`` are not scanned for: in the torch paths a NaN coordinate counts as
+negative in the code (``z > 0`` is false) and makes its table's weight NaN, an infinite
+one makes it NaN or infinite; in the fused kernels the values are unspecified (the
+codes, made from sign bits, always stay in range).
 
 Layout: tokens are rows of ``(..., d)`` tensors; ``z`` is ``(..., h * tau)`` with table
 ``k`` reading ``z[..., k * tau : (k + 1) * tau]``; tables are ``(h, 2**tau, d_out)``.
@@ -58,7 +68,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels._checks import check_choice, check_positive_int, check_tensor
+from kernels._checks import (
+    check_choice,
+    check_nonnegative_float,
+    check_positive_int,
+    check_same_feature_dim,
+    check_tensor,
+)
 from kernels.hadamard import BHProjection, DenseProjection, projection_flops
 
 __all__ = [
@@ -76,6 +92,10 @@ __all__ = [
     "VanillaFFN",
     "BlockDiagonalFFN",
     "Top1MoEFFN",
+    "LSHSparseFFN",
+    "simhash_codes",
+    "lsh_active_mask",
+    "lsh_ffn_flops",
     "table_bytes",
     "lookup_ffn_flops",
     "vanilla_ffn_flops",
@@ -678,6 +698,113 @@ class Top1MoEFFN(nn.Module):
             ye = F.gelu(xe @ self.w1[e] + self.b1[e]) @ self.w2[e] + self.b2[e]
             out.index_copy_(0, idx, ye * top_p[idx, None])
         return out.reshape(x.shape)
+
+
+def simhash_codes(u: Tensor, planes: Tensor) -> Tensor:
+    """Hyperplane (SimHash) codes of ``u`` for ``L`` tables of ``K`` bits each (Charikar, 2002).
+
+    ``u``: ``(..., d)``; ``planes``: ``(L, d, K)`` random directions. Returns int64
+    ``(..., L)`` with code :math:`\\sum_j [\\langle u, r_{lj}\\rangle > 0]\\, 2^j` for table
+    ``l``: the hash of eq. 4 that SLIDE and the LSH sparse FFN of chapter 5 use
+    (section "Feed-forward layers as sums over neurons"). Cost ``O(d L K)`` per row.
+    """
+    check_tensor("u", u, finite=False)
+    check_tensor("planes", planes, ndim=3, finite=False)
+    if u.ndim == 0 or u.shape[-1] != planes.shape[1]:
+        raise ValueError(f"u must have last dimension {planes.shape[1]} (planes.shape[1]), got shape {tuple(u.shape)}")
+    if planes.shape[2] > 62:
+        raise ValueError(f"planes.shape[2] (bits) must be at most 62, got {planes.shape[2]}")
+    bits = torch.einsum("...d,ldk->...lk", u.to(planes.dtype), planes) > 0
+    powers = 2 ** torch.arange(planes.shape[2], device=u.device)
+    return (bits.long() * powers).sum(-1)
+
+
+def lsh_active_mask(x: Tensor, w: Tensor, planes: Tensor) -> Tensor:
+    """SLIDE's neuron selection (eq. 4): which neurons share a bucket with each input.
+
+    ``x``: ``(n, d)`` inputs, ``w``: ``(t, d)`` neuron input weights ``[W]_i``, ``planes``:
+    ``(L, d, K)``. Returns a bool ``(n, t)`` mask, true where neuron ``i`` lands in the
+    bucket of ``x`` in at least one of the ``L`` tables (the union of ``x``'s buckets).
+    """
+    check_tensor("x", x, ndim=2, finite=False)
+    check_tensor("w", w, ndim=2, finite=False)
+    check_same_feature_dim("x", x, "w", w)
+    query = simhash_codes(x, planes)  # (n, L)
+    neuron = simhash_codes(w, planes)  # (t, L)
+    return (query[:, None, :] == neuron[None, :, :]).any(-1)
+
+
+class LSHSparseFFN(nn.Module):
+    """An LSH-based sparse FFN in the style of SLIDE (Chen et al., 2020), the baseline of the
+    paper's Table 1: :math:`y = \\sum_{i \\in A(x)} \\mathrm{ReLU}(\\langle x, [W]_i\\rangle + b_i)\\, [V]_i + c`,
+    where :math:`A(x)` is the union of ``x``'s buckets in ``tables`` SimHash tables of
+    ``bits`` bits over the neuron weights :math:`[W]_i` (eq. 4, :func:`lsh_active_mask`).
+
+    The hyperplanes are fixed random directions (SLIDE; Mongoose would learn them). The
+    neurons are rehashed at every forward call (SLIDE amortises this over many steps; at
+    inference the weights are fixed and the neuron codes are computed once). For clarity the
+    active set is applied as a mask on the dense product, so the *time* here is that of a
+    dense FFN; :func:`lsh_ffn_flops` counts the FLOP a sparse implementation spends.
+    Gradients reach only the active neurons, as in SLIDE. Chapter 5 trains it in the
+    language model beside :class:`LookupFFN`.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        hidden: int,
+        tables: int,
+        bits: int,
+        *,
+        generator: Optional[torch.Generator] = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.hidden = check_positive_int("hidden", hidden)
+        self.tables = check_positive_int("tables", tables)
+        self.bits = check_positive_int("bits", bits)
+        if self.bits > 62:
+            raise ValueError(f"bits must be at most 62, got {bits}")
+        d, t = self.d_model, self.hidden
+        self.w1 = nn.Parameter(torch.randn(t, d, generator=generator, dtype=dtype) / math.sqrt(d))
+        self.b1 = nn.Parameter(torch.zeros(t, dtype=dtype))
+        self.w2 = nn.Parameter(torch.randn(t, d, generator=generator, dtype=dtype) / math.sqrt(t))
+        self.b2 = nn.Parameter(torch.zeros(d, dtype=dtype))
+        self.register_buffer("planes", torch.randn(self.tables, d, self.bits, generator=generator, dtype=dtype))
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, hidden={self.hidden}, tables={self.tables}, bits={self.bits}"
+
+    def active_mask(self, x: Tensor) -> Tensor:
+        """The ``(tokens, hidden)`` bool mask of the neurons evaluated for each row of ``x``."""
+        with torch.no_grad():
+            return lsh_active_mask(x.reshape(-1, self.d_model), self.w1, self.planes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_tensor("x", x, finite=False)
+        if x.ndim == 0 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must have last dimension {self.d_model} (d_model), got shape {tuple(x.shape)}")
+        flat = x.reshape(-1, self.d_model)
+        mask = self.active_mask(flat)
+        hid = F.relu(torch.addmm(self.b1, flat, self.w1.T)) * mask
+        return torch.addmm(self.b2, hid, self.w2).reshape(x.shape)
+
+
+def lsh_ffn_flops(d_model: int, tables: int, bits: int, active: float) -> dict[str, float]:
+    """FLOP per token of :class:`LSHSparseFFN` as a sparse implementation spends them.
+
+    ``hash``: :math:`2 d L K` to hash the query; ``ffn``: :math:`4 d |A(x)|` for the two
+    products restricted to the ``active`` neurons (their mean number per token, measured);
+    rehashing the neurons is not counted (done once at inference). Returns
+    ``{"hash", "ffn", "total"}``.
+    """
+    d = check_positive_int("d_model", d_model)
+    L = check_positive_int("tables", tables)
+    K = check_positive_int("bits", bits)
+    a = check_nonnegative_float("active", active)
+    hash_f, ffn_f = 2.0 * d * L * K, 4.0 * d * a
+    return {"hash": hash_f, "ffn": ffn_f, "total": hash_f + ffn_f}
 
 
 def vanilla_ffn_flops(d_model: int, hidden: int) -> int:

@@ -51,7 +51,13 @@ from typing import Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from kernels._checks import check_nonnegative_float, check_positive_float, check_positive_int, check_tensor
+from kernels._checks import (
+    check_nonempty,
+    check_nonnegative_float,
+    check_positive_float,
+    check_positive_int,
+    check_tensor,
+)
 from kernels.features import ReLUMap, Spectrum, URFMap, spectrum_from_name
 
 __all__ = [
@@ -195,6 +201,12 @@ class SNNKLinear(nn.Module):
 
     def features(self, x: Tensor) -> Tensor:
         """:math:`\\Phi(x / s)` with s = ``input_scale``: (..., d) -> (..., M)."""
+        check_tensor("x", x, finite=False)
+        if x.dtype != self.omega.dtype:
+            raise TypeError(
+                f"x must have the layer's dtype {self.omega.dtype}, got {x.dtype} (convert the "
+                "input with .to(), or the layer with .to(dtype))"
+            )
         if self.input_scale != 1.0:
             x = x / self.input_scale
         return self.feature_map.phi(x)
@@ -236,6 +248,9 @@ def balanced_input_scale(x: Tensor, weight: Tensor, activation: Activation) -> f
         raise ValueError(
             f"x has {x.shape[-1]} features but weight has {weight.shape[-1]} columns"
         )
+    if x.numel() == 0:
+        raise ValueError(f"x must hold at least one input (a non-empty row), got shape {tuple(x.shape)}")
+    check_nonempty("weight", weight, 0, "row")
     if isinstance(activation, str) and activation == "relu":
         raise ValueError("balanced_input_scale is for URF activations; 'relu' needs no input scale")
     spectrum = spectrum_from_name(activation)
@@ -357,6 +372,9 @@ def least_squares(
     check_tensor("features", features, ndim=2)
     check_tensor("targets", targets, ndim=(1, 2))
     lam = check_nonnegative_float("ridge", ridge)
+    check_nonempty("features", features, 0, "row (sample)")
+    if targets.ndim == 2:
+        check_nonempty("targets", targets, 1, "column (output)")
     if targets.shape[0] != features.shape[0]:
         raise ValueError(
             f"features and targets must have the same number of rows, got {features.shape[0]} and {targets.shape[0]}"

@@ -49,7 +49,14 @@ Conventions used throughout:
   torch's default generator) and never touches global state otherwise;
 * the FFT and band products have hand-written backward passes (autograd's backward of
   ``rfft`` and of depthwise convolutions is several times slower on CPUs): gradients,
-  ``torch.func.jacrev`` and ``vmap`` work, double backward raises an error.
+  ``torch.func.jacrev`` and ``vmap`` work, double backward raises an error;
+* empty input (a batch of 0 sequences, 0 channels) gives an empty result, never an
+  FFT error; a sequence needs at least one token;
+* NaN and Inf: the functions (:func:`toeplitz_matvec`, :func:`ski_matvec`, ...) reject
+  them with a ``ValueError`` naming the argument; the modules (:class:`TNO`,
+  :class:`SKITNO`, :class:`FDTNO`) skip that extra pass over their input on the hot
+  path, and a non-finite entry then spreads through the FFT to every token of its
+  channel (and batch row), as it would through the dense product.
 """
 
 from __future__ import annotations
@@ -247,6 +254,20 @@ class _SpectralProduct(torch.autograd.Function):
         return grad_x, grad_spectrum, None
 
 
+def _empty_like_result(shape: tuple[int, ...], x: Tensor, *params: Tensor) -> Tensor:
+    """The result of a Toeplitz product with no elements (an empty batch, 0 channels).
+
+    FFTs of empty tensors fail inside MKL, so this is the shortcut; the zero-size result
+    stays connected to ``x`` and ``params`` in autograd (their gradients are zeros), as
+    the dense product's would be.
+    """
+    out = x.new_zeros(shape)
+    link = x.sum() * 0
+    for p in params:
+        link = link + p.sum().real * 0
+    return out + link.to(out.dtype) if link.requires_grad else out
+
+
 def _apply_spectrum(spectrum: Tensor, x: Tensor, length: int) -> Tensor:
     """``irfft(spectrum * rfft(x, L), L)`` along the sequence dimension of ``(..., n, c)``."""
     return _SpectralProduct.apply(x, spectrum, length)[0]
@@ -271,6 +292,8 @@ def _check_coeffs_and_x(coeffs: Any, x: Any, causal: bool) -> tuple[Tensor, Tens
             f"{x.dtype} (x)"
         )
     n = x.shape[-2]
+    if n < 1:
+        raise ValueError(f"x must have at least one token (x.shape[-2] >= 1), got shape {tuple(x.shape)}")
     want = n if causal else 2 * n - 1
     if coeffs.shape[-1] != want:
         kind = "causal coefficients (lags 0..n-1)" if causal else "lags -(n-1)..(n-1)"
@@ -332,6 +355,9 @@ def toeplitz_matvec(coeffs: Tensor, x: Tensor, *, causal: bool = False) -> Tenso
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     coeffs, x, n = _check_coeffs_and_x(coeffs, x, causal)
+    shape = torch.broadcast_shapes(coeffs.shape[:-2], x.shape[:-2]) + x.shape[-2:]
+    if math.prod(shape) == 0 or coeffs.numel() == 0:
+        return _empty_like_result(shape, x, coeffs)
     length = fft_length(n)
     return _apply_spectrum(_kernel_spectrum(coeffs, n, length, causal), x, length)
 
@@ -598,6 +624,8 @@ class TNO(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = _check_sequence(x, self.channels, self.dtype)
+        if x.numel() == 0:  # an empty batch
+            return _empty_like_result(tuple(x.shape), x, *self.parameters())
         n = x.shape[-2]
         length = fft_length(n)
         spectrum = _kernel_spectrum(self._coeffs(n), n, length, self.causal)
@@ -925,6 +953,8 @@ def ski_matvec(
     n, r = _check_n_r(x.shape[-2], r)
     if interpolation == "cubic":
         _check_cubic_r(r)
+    if x.numel() == 0:
+        return _empty_like_result(tuple(x.shape), x, a_coeffs)
     if method == "sparse":
         return _ski_sparse(a_coeffs, x, r, interpolation)
     return _ski_dense(a_coeffs, x, _weights_on(n, r, interpolation, x.dtype, x.device))
@@ -1245,6 +1275,8 @@ class SKITNO(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = _check_sequence(x, self.channels, self.dtype)
+        if x.numel() == 0:  # an empty batch
+            return _empty_like_result(tuple(x.shape), x, *self.parameters())
         n = self._check_n(x.shape[-2])
         a_coeffs = self.low_rank_coeffs(n)
         if self.low_rank == "sparse":
@@ -1282,6 +1314,8 @@ def discrete_hilbert(x: Tensor) -> Tensor:
     if x.ndim < 1 or x.shape[-1] < 1:
         raise ValueError(f"x must have a non-empty last dimension, got shape {tuple(x.shape)}")
     size = x.shape[-1]
+    if x.numel() == 0:
+        return _empty_like_result(tuple(x.shape), x)
     spectrum = torch.fft.rfft(x)
     mask = torch.zeros(spectrum.shape[-1], dtype=x.dtype, device=x.device)
     mask[1 : (size + 1) // 2] = 1.0  # positive frequencies, without DC and Nyquist
@@ -1359,6 +1393,8 @@ def causal_kernel_from_real_response(real: Tensor) -> Tensor:
             f"real must have length n + 1 >= 2 in its last dimension (omega = m pi / n, "
             f"m = 0..n), got shape {tuple(real.shape)}"
         )
+    if real.numel() == 0:
+        return _empty_like_result(tuple(real.shape), real).to(torch.promote_types(real.dtype, torch.complex64))
     return _causal_response(real)
 
 
@@ -1473,6 +1509,8 @@ class FDTNO(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = _check_sequence(x, self.channels, self.dtype)
+        if x.numel() == 0:  # an empty batch
+            return _empty_like_result(tuple(x.shape), x, *self.parameters())
         n = x.shape[-2]
         return _apply_spectrum(self._response(n), x, 2 * n)
 

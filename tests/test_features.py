@@ -361,3 +361,20 @@ def test_overflow_warning_suggests_fix() -> None:
         softmax_features(20.0 * torch.ones(2, 16), g)  # |x|^2/2 = 3200: every feature is 0
     with pytest.warns(RuntimeWarning, match="period"):
         activation_spectrum("relu", window=50.0, smoothing=0.05, num_atoms=11)
+
+
+def test_mixed_dtypes_and_zero_features_are_named() -> None:
+    """Issue 14: a raw matmul error and a ZeroDivisionError before."""
+    from kernels.features import arccos_features, arccos_kernel, softmax_features, softmax_kernel
+
+    x32, x64 = torch.randn(3, 4), torch.randn(2, 4, dtype=torch.float64)
+    for kernel in (softmax_kernel, arccos_kernel):
+        with pytest.raises(TypeError, match=r"x and y must have the same dtype.*float32.*float64"):
+            kernel(x32, x64)
+        with pytest.raises(TypeError, match="float16"):
+            kernel(x32.half(), x32)
+        with pytest.raises(ValueError, match="x is on the 'meta' device"):
+            kernel(torch.randn(3, 4, device="meta"), x32)
+    for features in (arccos_features, softmax_features):
+        with pytest.raises(ValueError, match="projections must have at least one row"):
+            features(x32, torch.randn(0, 4))

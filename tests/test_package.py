@@ -39,6 +39,24 @@ def test_resolve_device_errors() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA GPU"):
             device.resolve_device("cuda")
+    else:
+        with pytest.raises(ValueError, match="CUDA GPU"):
+            device.resolve_device(f"cuda:{torch.cuda.device_count()}")
+    # Issue 14: these were accepted and failed later, deep inside torch.
+    for name in ("mps", "meta", torch.device("meta")):
+        with pytest.raises(ValueError, match="not supported.*'cpu' and 'cuda'"):
+            device.resolve_device(name)
+    with pytest.raises(ValueError, match="single CPU device"):
+        device.resolve_device("cpu:7")
+    assert device.resolve_device("cpu:0") == torch.device("cpu:0")
+
+
+def test_every_public_check_refuses_unsupported_devices() -> None:
+    from kernels._checks import check_tensor
+
+    with pytest.raises(ValueError, match="weight is on the 'meta' device"):
+        check_tensor("weight", torch.zeros(2, device="meta"))
+    device.check_tensor_device("x", torch.zeros(2))
 
 
 def test_cupy_absence_is_not_an_error() -> None:

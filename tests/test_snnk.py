@@ -447,3 +447,21 @@ def test_bert_snnk_counts_macs_match_torch_flop_counter() -> None:
         bert_snnk_counts(16, 3, 64, 97, 40, replaced=4, num_features=8)
     with pytest.raises(ValueError, match="num_features"):
         bert_snnk_counts(16, 3, 64, 97, 40, replaced=1, num_features=0)
+
+
+def test_degenerate_input_is_named() -> None:
+    """Issue 14: a raw matmul error, a torch INTERNAL ASSERT and a NaN before."""
+    from kernels.snnk import SNNKLinear, balanced_input_scale, least_squares
+
+    layer = SNNKLinear(4, 3, 8, generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.float64, torch.float16):
+        with pytest.raises(TypeError, match="x must have the layer's dtype torch.float32"):
+            layer(torch.randn(2, 4).to(dtype))
+    with pytest.raises(ValueError, match="targets must have at least one column"):
+        least_squares(torch.randn(5, 3), torch.randn(5, 0))
+    with pytest.raises(ValueError, match="features must have at least one row"):
+        least_squares(torch.randn(0, 3), torch.randn(0, 2))
+    with pytest.raises(ValueError, match="x must hold at least one input"):
+        balanced_input_scale(torch.randn(0, 3), torch.randn(2, 3), "sin")
+    with pytest.raises(ValueError, match="weight must have at least one row"):
+        balanced_input_scale(torch.randn(4, 3), torch.randn(0, 3), "sin")

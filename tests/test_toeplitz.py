@@ -747,3 +747,44 @@ C4 = torch.zeros(3, 15)
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+# ------------------------------------------------------------------ empty and odd input
+def test_empty_batch_and_zero_channels_give_empty_results_not_fft_errors() -> None:
+    """Issue 14: an empty batch raised an MKL FFT error; now the result is empty, with
+    gradients, like the dense product's."""
+    from kernels.toeplitz import (FDTNO, SKITNO, TNO, causal_kernel_from_real_response,
+                                  discrete_hilbert, ski_matvec, toeplitz_dense, toeplitz_matvec)
+
+    gen = torch.Generator().manual_seed(0)
+    coeffs = torch.randn(3, 7, dtype=torch.float64, generator=gen, requires_grad=True)
+    x = torch.zeros(0, 4, 3, dtype=torch.float64, requires_grad=True)
+    y = toeplitz_matvec(coeffs, x)
+    assert y.shape == (toeplitz_dense(coeffs) @ x.transpose(-1, -2).unsqueeze(-1)).shape[:1] + (4, 3)
+    y.sum().backward()
+    assert torch.equal(coeffs.grad, torch.zeros_like(coeffs)) and x.grad.shape == x.shape
+    assert toeplitz_matvec(torch.randn(0, 7), torch.randn(2, 4, 0)).shape == (2, 4, 0)
+    assert toeplitz_matvec(torch.randn(3, 4), torch.randn(0, 4, 3), causal=True).shape == (0, 4, 3)
+    assert ski_matvec(torch.randn(3, 5), torch.randn(0, 8, 3)).shape == (0, 8, 3)
+    assert discrete_hilbert(torch.randn(0, 8)).shape == (0, 8)
+    response = causal_kernel_from_real_response(torch.randn(0, 5, dtype=torch.float64))
+    assert response.shape == (0, 5) and response.dtype == torch.complex128
+    for module in (TNO(3, generator=gen), SKITNO(3, rank=4, filter_size=3, generator=gen),
+                   FDTNO(3, generator=gen)):
+        out = module(torch.zeros(0, 8, 3))
+        assert out.shape == (0, 8, 3)
+        out.sum().backward()  # connected to the parameters (zero gradients)
+    with pytest.raises(ValueError, match="at least one token"):
+        toeplitz_matvec(torch.randn(3, 0), torch.randn(2, 0, 3))
+
+
+def test_unsupported_devices_are_named() -> None:
+    from kernels.toeplitz import TNO, toeplitz_matvec
+
+    meta = torch.device("meta")
+    with pytest.raises(ValueError, match="x is on the 'meta' device"):
+        toeplitz_matvec(torch.randn(3, 7), torch.randn(2, 4, 3, device=meta))
+    with pytest.raises(ValueError, match="coeffs is on the 'meta' device"):
+        toeplitz_matvec(torch.randn(3, 7, device=meta), torch.randn(2, 4, 3))
+    with pytest.raises(ValueError, match="x is on the 'meta' device"):
+        TNO(3)(torch.randn(2, 4, 3, device=meta))
