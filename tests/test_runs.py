@@ -109,3 +109,31 @@ def test_record_refuses_failed_or_foreign_runs(tmp_path: Path) -> None:
         record(_executed(tmp_path, exception=True), "full", "", None, out_dir=tmp_path / "runs")
     with pytest.raises(ValueError, match="not an executed chapter"):
         record(_executed(tmp_path, chapter="no_such_chapter"), "full", "", None, out_dir=tmp_path / "runs")
+
+
+def test_record_survives_a_full_disk(tmp_path: Path) -> None:
+    """Issue 14: written in place, a 1,180-byte record became 300 bytes of invalid JSON when
+    the disk filled up. A file-size limit in a child process stands in for the full disk."""
+    import os
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs"
+    old = record(_executed(tmp_path), "full", "the previous record " + "x" * 600, 2, out_dir=runs)
+    before = old.read_bytes()
+    assert len(before) > 900
+    script = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        f"sys.path.insert(0, {str(ROOT / 'book' / 'tools')!r})\n"
+        "from record_run import record\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (400, 400))\n"
+        f"record(Path({str(tmp_path / 'executed.ipynb')!r}), 'full', 'new ' + 'y' * 600, 2, out_dir=Path({str(runs)!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+    assert proc.returncode != 0 and "OSError" in proc.stderr, proc.stderr[-2000:]
+    assert old.read_bytes() == before, "the previous record was damaged"
+    json.loads(old.read_text())
+    assert sorted(p.name for p in runs.iterdir()) == [old.name], "a temporary file was left behind"

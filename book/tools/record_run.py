@@ -7,7 +7,8 @@ A paper-scale (``full``) run of a chapter can take an hour on a laptop CPU, too 
 repeat on every book build. This script reads the values the executed notebook glued
 (``myst_nb.glue``), the parameters papermill injected and the run time, adds the date,
 the commit, the machine and a free-text note, and writes them to
-``book/runs/<chapter>.<profile>.json``. Each chapter reads its file (when present) in its
+``book/runs/<chapter>.<profile>.json`` (atomically: a failed write leaves the previous
+record intact). Each chapter reads its file (when present) in its
 section "At paper scale" and prints the recorded numbers beside its own run's;
 ``tests/test_runs.py`` checks the recorded numbers against the claims in
 ``tests/expected/<chapter>.yaml`` (section ``full_checks``).
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+from nnk_book.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -102,7 +104,9 @@ def record(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{chapter}.{profile}.json"
-    path.write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n")
+    # Atomically (temporary file, fsync, rename): on a full disk or Ctrl-C the previous
+    # record stays whole instead of becoming a truncated JSON file that chapters read.
+    atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=False) + "\n")
     return path
 
 
