@@ -282,11 +282,24 @@ def _four_parts(weights: Tensor) -> list[Tensor]:
 _PART_PHASES = (1.0 + 0j, -1.0 + 0j, 1j, -1j)
 
 
+def _symmetric_grid(top: float, num_atoms: int) -> np.ndarray:
+    """``num_atoms`` (odd) equally spaced frequencies on [-top, top], symmetric by construction:
+    the middle one is exactly 0 and ``grid[::-1] == -grid`` bit for bit (``np.linspace`` gives
+    about 1e-16 instead of 0 for some ``top``, which lost or doubled the DC term; issue 13)."""
+    half = (num_atoms - 1) // 2
+    return top * (np.arange(-half, half + 1, dtype=np.float64) / half)
+
+
 def _fold(spectrum: Spectrum) -> Spectrum:
     """Use conjugate symmetry: for a real f, the atoms at -xi are the conjugates of those at
     +xi, so Re sum_k a_k e^{2 pi i xi_k u} keeps its value when the negative atoms are
     dropped and the positive ones doubled. Halves the number of random features."""
     xi, a = spectrum.frequencies, spectrum.weights
+    # A frequency within a rounding error of 0 is the zero frequency (the DC term): snap it
+    # to exactly 0 so that it is kept once and not doubled (a grid value of -2e-16 would be
+    # dropped by ``xi >= 0``, one of +2e-16 doubled).
+    tiny = 1e-9 * float(xi.abs().max()) if xi.numel() else 0.0
+    xi = torch.where(xi.abs() <= tiny, torch.zeros_like(xi), xi)
     keep = xi >= 0
     weights = torch.where(xi[keep] > 0, 2 * a[keep], a[keep])
     return Spectrum(spectrum.name, xi[keep], weights, spectrum.exact_atoms)
@@ -368,7 +381,7 @@ def activation_spectrum(
     if k < 3 or k % 2 == 0:
         raise ValueError(f"num_atoms must be an odd integer >= 3, got {k}")
     top = 3.0 / (2 * math.pi * s) if xi_max is None else check_positive_float("xi_max", xi_max)
-    xi = np.linspace(-top, top, k)
+    xi = _symmetric_grid(top, k)
     dxi = xi[1] - xi[0]
     if 1.0 / dxi < 8 * r:
         warnings.warn(
@@ -408,7 +421,7 @@ def spectrum_from_fourier(
     k = check_positive_int("num_atoms", num_atoms)
     if k < 3 or k % 2 == 0:
         raise ValueError(f"num_atoms must be an odd integer >= 3, got {k}")
-    xi = np.linspace(-top, top, k)
+    xi = _symmetric_grid(top, k)
     ft = np.asarray(fourier_transform(xi), dtype=np.complex128)
     if ft.shape != xi.shape or not np.all(np.isfinite(ft)):
         raise ValueError(

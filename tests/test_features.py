@@ -15,7 +15,9 @@ variance-optimal A.
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -227,6 +229,117 @@ def test_gelu_spectrum_close_to_gelu_near_zero() -> None:
     u = torch.linspace(-1.5, 1.5, 31, dtype=F64)
     err = (spec.evaluate(u) - torch.nn.functional.gelu(u)).abs().max()
     assert float(err) < 0.05
+
+
+# --------------------------------------------------------------------------- the DC term (issue 13)
+# np.linspace(-top, top, k) gives about +-1e-16 instead of 0 at its middle for some top; the
+# fold onto xi >= 0 then dropped the zero frequency (a constant offset of the estimate) or
+# counted it twice. The grid is now symmetric by construction and the fold snaps near-zero
+# frequencies to 0. The sweeps below include settings where linspace misses 0.
+DC_SMOOTHINGS = [round(float(v), 3) for v in np.linspace(0.1, 1.0, 19)] + [0.15, 0.3, 0.51, 0.59, 0.6, 0.97, 0.99]
+DC_ATOMS = [401, 801]
+
+
+@functools.lru_cache(maxsize=None)
+def const_plus_sine_spectrum(smoothing: float, num_atoms: int):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # coarse grids at small s: periodicity warning
+        return activation_spectrum(const_plus_sine, window=4.0, smoothing=smoothing, num_atoms=num_atoms)
+
+
+def const_plus_sine(u: np.ndarray) -> np.ndarray:
+    return 0.7 + np.sin(u)
+
+
+def const_plus_sine_smoothed(u: torch.Tensor, r: float, s: float) -> torch.Tensor:
+    """Closed form of ((0.7 + sin v) e^{-v^2/2R^2}) * N(0, s^2) at u, a Gaussian integral: e^{iv - v^2/2R^2} = e^{-R^2/2} e^{-(v - iR^2)^2/2R^2}, so the sine part is the
+    imaginary part of a Gaussian centred at iR^2."""
+    var = r**2 + s**2
+    amp = r / math.sqrt(var)
+    uc = u.to(torch.complex128)
+    sine = (amp * math.exp(-(r**2) / 2) * torch.exp(-((uc - 1j * r**2) ** 2) / (2 * var))).imag
+    return 0.7 * amp * torch.exp(-(u**2) / (2 * var)) + sine
+
+
+def linspace_misses_zero(top: float, k: int) -> bool:
+    mid = np.linspace(-top, top, k)[k // 2]
+    return mid != 0.0
+
+
+def test_dc_sweep_includes_settings_linspace_gets_wrong() -> None:
+    """The sweep is meaningful: for several of its settings linspace's middle value is not 0."""
+    bad = [(s, k) for s in DC_SMOOTHINGS for k in DC_ATOMS if linspace_misses_zero(3.0 / (2 * math.pi * s), k)]
+    assert len(bad) >= 5, bad
+
+
+@pytest.mark.parametrize("num_atoms", DC_ATOMS)
+def test_dc_term_represented_once_for_every_grid(num_atoms: int) -> None:
+    """Exactly one atom at xi = 0, and its density a_0 / dxi = FT(0) = int f(u) e^{-u^2/2R^2} du is
+    the same for every smoothing and grid (the smoothing factor is 1 at xi = 0); the reference
+    value is the integral by scipy quadrature (0.7 R sqrt(2 pi) for 0.7 + sin u)."""
+    r = 4.0
+    ft0 = scipy.integrate.quad(lambda v: (0.7 + math.sin(v)) * math.exp(-v * v / (2 * r * r)), -60, 60,
+                               epsabs=1e-13, limit=400)[0]
+    assert ft0 == pytest.approx(0.7 * r * math.sqrt(2 * math.pi), rel=1e-10)
+    for s in DC_SMOOTHINGS:
+        spec = const_plus_sine_spectrum(s, num_atoms)
+        xi = spec.frequencies
+        assert int((xi == 0).sum()) == 1, (s, num_atoms)
+        assert bool((xi >= 0).all())
+        assert len(xi) == (num_atoms + 1) // 2
+        dxi = 3.0 / (2 * math.pi * s) / ((num_atoms - 1) // 2)
+        a0 = complex(spec.weights[xi == 0][0])
+        assert a0.real / dxi == pytest.approx(ft0, rel=1e-6), (s, num_atoms)
+        assert abs(a0.imag) / dxi < 1e-9 * ft0
+
+
+def test_constant_plus_sine_has_no_constant_offset() -> None:
+    """The folded grid spectrum of 0.7 + sin u reproduces its windowed, smoothed version (closed
+    form) with no constant offset, for every smoothing of the sweep (the lost DC term was an
+    offset of about 0.7 R sqrt(2 pi) dxi)."""
+    r = 4.0
+    u = torch.linspace(-3, 3, 61, dtype=F64)
+    for s in DC_SMOOTHINGS:
+        spec = const_plus_sine_spectrum(s, 801)
+        diff = spec.evaluate(u) - const_plus_sine_smoothed(u, r, s)
+        assert abs(float(diff.mean())) < 1e-7, (s, float(diff.mean()))
+        assert float(diff.abs().max()) < 1e-6, (s, float(diff.abs().max()))
+
+
+@pytest.mark.parametrize("smoothing", [0.15, 0.3, 0.51, 0.6, 0.97])
+def test_gelu_estimate_has_no_constant_offset(smoothing: float) -> None:
+    """GELU, the chapter's activation, at the settings the review found broken (0.15, 0.3, 0.51,
+    0.6 dropped the DC term, 0.97 doubled it): the grid spectrum equals the windowed, smoothed
+    GELU computed by scipy quadrature of the convolution integral."""
+    from scipy.special import erf
+
+    r = 4.0
+    spec = activation_spectrum("gelu", window=r, smoothing=smoothing)
+    us = [-2.0, -1.0, 0.0, 0.5, 1.5]
+
+    def smoothed_gelu(uu: float) -> float:
+        def integrand(v: float) -> float:
+            gelu = 0.5 * v * (1 + erf(v / math.sqrt(2)))
+            return gelu * math.exp(-v * v / (2 * r * r)) * math.exp(-((uu - v) ** 2) / (2 * smoothing**2))
+        lo, hi = uu - 12 * smoothing, uu + 12 * smoothing
+        return scipy.integrate.quad(integrand, lo, hi, epsabs=1e-13, limit=200)[0] / (
+            math.sqrt(2 * math.pi) * smoothing)
+
+    ref = torch.tensor([smoothed_gelu(v) for v in us], dtype=F64)
+    diff = spec.evaluate(torch.tensor(us, dtype=F64)) - ref
+    assert abs(float(diff.mean())) < 1e-4, float(diff.mean())
+    assert float(diff.abs().max()) < 1e-4, float(diff.abs().max())
+
+
+def test_closed_form_spectrum_keeps_dc_term() -> None:
+    """spectrum_from_fourier uses the same symmetric grid: a Gaussian's closed-form transform has
+    one atom at 0 and the estimate has no offset, for xi_max values where linspace misses 0."""
+    ft = lambda xi: math.sqrt(2 * math.pi) * np.exp(-2 * (math.pi * xi) ** 2)
+    u = torch.linspace(-3, 3, 61, dtype=F64)
+    for top in np.linspace(1.2, 2.5, 27):
+        spec = spectrum_from_fourier(ft, xi_max=float(top), num_atoms=601)
+        assert int((spec.frequencies == 0).sum()) == 1
+        torch.testing.assert_close(spec.evaluate(u), torch.exp(-0.5 * u**2), atol=1e-8, rtol=0)
 
 
 # --------------------------------------------------------------------------- arc-cosine
