@@ -7,11 +7,16 @@ runner blocks the network so that a silent download would fail loudly.
 * :func:`cache_dir` -- where data lives: the ``root`` argument, else the environment
   variable ``NN_KERNELS_DATA``, else ``~/.cache/nn-kernels-book``.
 * :func:`download` -- one URL (``http``, ``https`` or ``file``) to one file, streamed to a
-  temporary file in the destination folder and renamed into place only when complete and
-  verified, so an interrupted run never leaves a truncated file under the final name.
-  There is no resume: a failed download starts again from zero. A file already at the
-  destination is used as it is (after the checksum, if one is given), which is also how
-  data is placed by hand on a machine without internet.
+  hidden ``.part`` file beside the destination and renamed into place only when complete
+  and verified: its length must match the expected size (or the server's Content-Length)
+  and its digest the expected SHA-256, so a connection dropped mid-way -- with or without
+  a Content-Length header -- never becomes a "complete" file. A dropped connection is
+  retried a few times, resuming with an HTTP ``Range`` request where the server allows
+  it; a byte progress bar (tqdm) shows on stderr. A file already at the destination is
+  used as it is after the same checks, which is also how data is placed by hand on a
+  machine without internet; a bad one is named in the error with the command that
+  deletes it. A download for which no checksum is published needs the user's
+  confirmation (``$NN_KERNELS_CONFIRM_UNPINNED=1``), and its digest is then recorded.
 * :func:`extract` -- a ``.zip`` or a (compressed) tar archive, recognised by content
   rather than by name (LRA's ``lra_release.gz`` is a gzipped tar). Members that would
   land outside the destination (absolute paths, ``..``), links and device files are
@@ -21,33 +26,50 @@ runner blocks the network so that a silent download would fail loudly.
 
 Errors: :class:`DatasetUnavailableError` when the data cannot be obtained (offline, server
 error, missing local file), with the dataset, the URL and how to place the files by hand;
-:class:`ChecksumError` when a file's SHA-256 differs from the expected one;
-:class:`UnsafeArchiveError` for a refused archive member.
+:class:`UnconfirmedDownloadError` (a subclass) for an unconfirmed download without a
+published checksum; :class:`ChecksumError` when a file's size or SHA-256 differs from the
+expected one; :class:`CorruptArchiveError` for an archive that cannot be unpacked (it
+names the file to delete); :class:`UnsafeArchiveError` for a refused archive member.
+
+Pinned sizes and digests live with each fetcher (:mod:`data_scripts.glue`,
+:mod:`data_scripts.wikitext`, :mod:`data_scripts.mnist`), each with the listing it was
+taken from; they apply to the default download address, and ``sha256=`` overrides them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import http.client
 import math
 import os
+import shlex
 import shutil
 import sys
 import tarfile
 import tempfile
+import time
+import lzma
 import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 __all__ = [
     "DATA_ENV_VAR",
     "DEFAULT_CACHE",
+    "CONFIRM_ENV_VAR",
+    "DEFAULT_RETRIES",
     "DatasetUnavailableError",
+    "UnconfirmedDownloadError",
     "ChecksumError",
     "UnsafeArchiveError",
+    "CorruptArchiveError",
     "cache_dir",
     "sha256sum",
     "download",
@@ -60,7 +82,13 @@ DATA_ENV_VAR = "NN_KERNELS_DATA"
 #: Default cache folder (``~`` expanded when used).
 DEFAULT_CACHE = "~/.cache/nn-kernels-book"
 
+#: Environment variable: ``1`` accepts downloads for which no checksum is published.
+CONFIRM_ENV_VAR = "NN_KERNELS_CONFIRM_UNPINNED"
+#: Retries after a dropped connection (each resumes where the last one stopped).
+DEFAULT_RETRIES = 3
+
 _CHUNK = 1 << 20
+_RETRY_BACKOFF_S = 2.0  # times the attempt number
 # Some mirrors (wikitext.smerity.com among them) answer 403 to urllib's default agent.
 _USER_AGENT = "Mozilla/5.0 (compatible; nn-kernels-book data fetcher)"
 
@@ -71,8 +99,17 @@ class DatasetUnavailableError(RuntimeError):
     """The data could not be obtained: offline, unreachable server, HTTP error, missing file."""
 
 
+class UnconfirmedDownloadError(DatasetUnavailableError):
+    """A download without a published checksum that the user has not confirmed."""
+
+
 class ChecksumError(RuntimeError):
-    """A file's SHA-256 digest differs from the expected one."""
+    """A file's size or SHA-256 digest differs from the expected one."""
+
+
+class CorruptArchiveError(ValueError):
+    """A cached archive cannot be unpacked (truncated, not an archive, empty); the message
+    names the file and the command that deletes it."""
 
 
 class UnsafeArchiveError(ValueError):
@@ -148,26 +185,83 @@ def _manual_hint(url: str, dest: Path) -> str:
     )
 
 
-def _verify(path: Path, expected: Optional[str], *, dataset: str, url: str,
-            actual: Optional[str] = None) -> None:
-    """Raise ChecksumError unless the digest is ``expected`` (``actual``: of a fresh download)."""
-    if expected is None:
+def _remove_command(path: Path) -> str:
+    return f"rm {shlex.quote(str(path))}"
+
+
+def _record_path(dest: Path) -> Path:
+    """Where the digest of a confirmed download without a published checksum is kept."""
+    return dest.with_name(dest.name + ".sha256")
+
+
+def _read_record(dest: Path) -> tuple[Optional[str], Optional[int]]:
+    try:
+        digest, size = _record_path(dest).read_text().split()[:2]
+        return _check_sha256(digest), int(size)
+    except (OSError, ValueError):
+        return None, None
+
+
+def _check_cached(path: Path, expected: Optional[str], size: Optional[int], *, dataset: str,
+                  url: str) -> None:
+    """Verify a file already at its destination; name it and the command to fix it if bad."""
+    recorded = expected is None and size is None and _record_path(path).is_file()
+    if recorded:
+        expected, size = _read_record(path)
+    actual_size = path.stat().st_size
+    problem = None
+    if size is not None and actual_size != size:
+        problem = f"has {actual_size} bytes, expected {size}"
+    elif expected is not None:
+        actual = sha256sum(path)
+        if actual != expected:
+            problem = f"has SHA-256 {actual}, expected {expected}"
+    if problem is None:
         return
-    fresh = actual is not None
-    actual = actual if fresh else sha256sum(path)
-    if actual == expected:
-        return
-    if fresh:
-        raise ChecksumError(
-            f"{dataset}: the file downloaded from {url} has SHA-256 {actual}, expected "
-            f"{expected}; it was deleted. The server holds a different or corrupt file: "
-            "try again, use another mirror (url=) or pass the right sha256."
-        )
+    source = f"the digest recorded at its first download ({_record_path(path)})" if recorded else url
     raise ChecksumError(
-        f"{dataset}: {path} has SHA-256 {actual}, expected {expected}. The file is corrupt, "
-        f"truncated or not the release expected from {url}; delete it and fetch again, or "
-        "pass the right sha256."
+        f"{dataset}: the cached file {path} {problem} (from {source}). It is corrupt, "
+        "truncated or not the release expected. Delete it and run again to download a fresh "
+        f"copy:\n    {_remove_command(path)}\n(or pass the right sha256=)."
     )
+
+
+def _confirmed(confirm_unpinned: Optional[bool]) -> bool:
+    if confirm_unpinned is not None:
+        return bool(confirm_unpinned)
+    return os.environ.get(CONFIRM_ENV_VAR, "").strip().lower() in ("1", "true", "yes")
+
+
+class _Progress:
+    """Byte progress bar on stderr (tqdm), or nothing."""
+
+    def __init__(self, enabled: bool, dataset: str, total: Optional[int], initial: int) -> None:
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:  # pragma: no cover - tqdm comes with the book's pins
+                return
+            self.bar = tqdm(total=total, initial=initial, unit="B", unit_scale=True,
+                            unit_divisor=1024, desc=dataset, file=sys.stderr, leave=False)
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _content_range_start(header: Optional[str]) -> Optional[int]:
+    """``bytes START-END/TOTAL`` -> START (None if absent or malformed)."""
+    if not header or not header.startswith("bytes "):
+        return None
+    try:
+        return int(header[6:].split("-", 1)[0])
+    except ValueError:
+        return None
 
 
 def download(
@@ -175,33 +269,54 @@ def download(
     dest: PathLike,
     *,
     sha256: Optional[str] = None,
+    size: Optional[int] = None,
     timeout: float = 60.0,
     dataset: str = "the dataset",
     progress: bool = True,
+    retries: int = DEFAULT_RETRIES,
+    confirm_unpinned: Optional[bool] = None,
 ) -> Path:
-    """Download ``url`` to the file ``dest`` atomically, verifying its SHA-256 if given.
+    """Download ``url`` to the file ``dest`` atomically, verifying its size and SHA-256.
 
-    If ``dest`` already exists it is not downloaded again (only verified): copying a file
-    there by hand is the way to use this code offline.
+    The bytes go to a hidden ``.<name>.part`` file beside ``dest``, renamed into place only
+    when complete and verified. A transfer is complete when its length matches ``size``
+    (or the server's Content-Length) and its digest ``sha256``: a connection dropped
+    mid-way -- with or without a Content-Length header -- is never saved as the file.
+    After a dropped connection the download is retried up to ``retries`` times, resuming
+    with an HTTP ``Range`` request where the server allows it (from zero otherwise); a
+    partial file left by an interrupted run is resumed the same way.
+
+    If ``dest`` already exists it is not downloaded again, only verified (copying a file
+    there by hand is the way to use this code offline); a bad cached file is named in the
+    error with the command that deletes it.
+
+    An ``http(s)`` download with no ``sha256`` (the publisher gives none) must be
+    confirmed: ``confirm_unpinned=True`` or ``$NN_KERNELS_CONFIRM_UNPINNED=1``. Its digest
+    is then recorded beside the file (``<dest>.sha256``) and checked on every later use.
 
     Args:
         url: ``http://``, ``https://`` or ``file://`` URL, or an absolute local path.
         dest: the file to write; its folder is created.
-        sha256: expected hex digest, or None to skip the check.
+        sha256: expected hex digest, or None.
+        size: expected size in bytes, or None.
         timeout: seconds to wait for the connection and for each read, > 0.
         dataset: name used in messages ("LRA", "WikiText-103", ...).
-        progress: print a line to stderr at the start and end of a real download, and
-            every 10 % for large files.
+        progress: show a byte progress bar (tqdm) on stderr.
+        retries: how many times to retry after a dropped connection (>= 0).
+        confirm_unpinned: accept an http(s) download without ``sha256`` (None: read
+            ``$NN_KERNELS_CONFIRM_UNPINNED``).
 
     Returns:
         ``dest`` as a :class:`~pathlib.Path`.
 
     Raises:
         DatasetUnavailableError: the URL cannot be read (offline, refused connection,
-            timeout, HTTP error, missing local file); the message names the dataset and
-            the URL, and says where to put the file by hand.
-        ChecksumError: the downloaded (or already present) file has another SHA-256; a
-            freshly downloaded file is deleted.
+            timeout, HTTP error, missing local file, every retry dropped); the message names
+            the dataset and the URL, and says where to put the file by hand.
+            :class:`UnconfirmedDownloadError` (a subclass) for an unconfirmed download
+            without a checksum.
+        ChecksumError: the downloaded (or already present) file has another size or
+            SHA-256; a freshly downloaded file is deleted.
         ValueError / TypeError naming the argument for a bad argument.
     """
     url = _normalise_url(url)
@@ -209,18 +324,25 @@ def download(
         raise TypeError(f"dest must be a path, got {dest!r}")
     dest = Path(dest).expanduser().absolute()
     expected = _check_sha256(sha256)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        raise ValueError(f"size must be a number of bytes >= 1 or None, got {size!r}")
     timeout = _check_timeout(timeout)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an integer >= 0, got {retries!r}")
     if not isinstance(dataset, str) or not dataset:
         raise TypeError(f"dataset must be a non-empty string, got {dataset!r}")
 
     if dest.is_file():
-        _verify(dest, expected, dataset=dataset, url=url)
+        _check_cached(dest, expected, size, dataset=dataset, url=url)
         return dest
     if dest.exists():
         raise ValueError(f"dest must be a file path, but {dest} exists and is not a file")
-    dest.parent.mkdir(parents=True, exist_ok=True)
 
     scheme = urllib.parse.urlsplit(url).scheme.lower()
+    remote = scheme in ("http", "https")
+    unpinned = remote and expected is None
+    confirmed = _confirmed(confirm_unpinned)
+    dest.parent.mkdir(parents=True, exist_ok=True)
 
     def unavailable(err: BaseException, during: str) -> DatasetUnavailableError:
         reason = getattr(err, "reason", None) or err
@@ -234,57 +356,145 @@ def download(
             "offline, or the server cannot be reached. " + _manual_hint(url, dest)
         )
 
-    request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT})
+    part = dest.with_name(f".{dest.name}.part")
     try:
-        response = urllib.request.urlopen(request, timeout=timeout)
-    except urllib.error.HTTPError as err:
-        raise DatasetUnavailableError(
-            f"Cannot download {dataset} from {url}: the server answered HTTP {err.code} "
-            f"({err.reason}). The file may have moved; pass url= with a mirror. "
-            + _manual_hint(url, dest)
-        ) from err
-    except (OSError, http.client.HTTPException, ValueError) as err:
-        # URLError, refused connections, DNS failures, timeouts and the chapter
-        # runner's network guard are all OSErrors.
-        raise unavailable(err, "connecting") from err
-
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
-    try:
-        h = hashlib.sha256()
-        with response, os.fdopen(fd, "wb") as out:
-            length = response.headers.get("Content-Length")
-            total = int(length) if length and length.isdigit() else None
-            if progress:
-                size = f"{total / 2**20:.1f} MiB" if total is not None else "unknown size"
-                print(f"[{dataset}] downloading {url} ({size}) to {dest}", file=sys.stderr)
-            done, next_report = 0, 0.1
-            while True:
-                try:
-                    chunk = response.read(_CHUNK)
-                except (OSError, http.client.HTTPException) as err:
-                    raise unavailable(err, f"connection lost after {done} bytes") from err
-                if not chunk:
-                    break
-                out.write(chunk)  # a full disk raises its own OSError, not "offline"
-                h.update(chunk)
-                done += len(chunk)
-                if progress and total and total > 64 * _CHUNK and done >= next_report * total:
-                    print(f"[{dataset}] {100 * done / total:.0f} %", file=sys.stderr)
-                    next_report += 0.1
-        if total is not None and done != total:
-            raise DatasetUnavailableError(
-                f"Cannot download {dataset} from {url}: the connection closed after {done} of "
-                f"{total} bytes. Try again. " + _manual_hint(url, dest)
-            )
-        _verify(tmp, expected, dataset=dataset, url=url, actual=h.hexdigest())
-        os.replace(tmp, dest)
-        if progress:
-            print(f"[{dataset}] saved {dest}", file=sys.stderr)
+        _download_to_part(url, part, dest, size=size, timeout=timeout, dataset=dataset,
+                          progress=progress, retries=retries, remote=remote,
+                          confirm=None if not unpinned or confirmed else
+                          (lambda: UnconfirmedDownloadError(
+                              f"{dataset}: no checksum is published for {url}, so a corrupt or "
+                              "tampered download could not be detected. To download it anyway, "
+                              f"set {CONFIRM_ENV_VAR}=1 (or pass confirm_unpinned=True): its "
+                              "SHA-256 is then recorded beside the file and checked on every "
+                              "later use. Or pass sha256= with a digest you trust. "
+                              + _manual_hint(url, dest))),
+                          unavailable=unavailable)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            if part.stat().st_size == 0:
+                part.unlink()
+    got = part.stat().st_size
+    actual = sha256sum(part)
+    problem = None
+    if size is not None and got != size:
+        problem = f"has {got} bytes, expected {size}"
+    elif expected is not None and actual != expected:
+        problem = f"has SHA-256 {actual}, expected {expected}"
+    if problem is not None:
+        part.unlink()
+        raise ChecksumError(
+            f"{dataset}: the file downloaded from {url} {problem}; it was deleted. The server "
+            "holds a different or corrupt file: try again, use another mirror (url=) or pass "
+            "the right sha256."
+        )
+    os.replace(part, dest)
+    if unpinned:
+        _record_path(dest).write_text(f"{actual}  {got}\n")
+        print(f"[{dataset}] no published checksum: recorded SHA-256 {actual} ({got} bytes) in "
+              f"{_record_path(dest)}; pass sha256={actual!r} to pin it", file=sys.stderr)
+    if progress:
+        print(f"[{dataset}] saved {dest}", file=sys.stderr)
     return dest
+
+
+def _download_to_part(url: str, part: Path, dest: Path, *, size: Optional[int], timeout: float,
+                      dataset: str, progress: bool, retries: int, remote: bool,
+                      confirm: Optional[Callable[[], Exception]],
+                      unavailable: Callable[[BaseException, str], Exception]) -> None:
+    """Fill ``part`` with the bytes of ``url``: retries, Range resumption, progress.
+
+    ``confirm``: when set, the error to raise once the server answers (a download
+    without a published checksum that the user has not confirmed).
+    """
+    with open(part, "ab") as out:
+        try:
+            fcntl.flock(out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DatasetUnavailableError(
+                f"another process is downloading {dataset} to {part}; wait for it to finish"
+            ) from None
+        last_problem = "no attempt"
+        for attempt in range(retries + 1):
+            if attempt:
+                time.sleep(_RETRY_BACKOFF_S * attempt)
+            offset = out.seek(0, os.SEEK_END) if remote else 0
+            if not remote:
+                out.truncate(0)
+            if size is not None and offset >= size:
+                break  # a complete partial file from an earlier run: verify below
+            headers = {"User-Agent": _USER_AGENT}
+            if offset:
+                headers["Range"] = f"bytes={offset}-"
+            try:
+                response = urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                                  timeout=timeout)
+            except urllib.error.HTTPError as err:
+                if err.code == 416 and offset:  # the partial file does not fit: start over
+                    out.truncate(0)
+                    last_problem = "the server refused to resume"
+                    continue
+                if 500 <= err.code < 600:
+                    last_problem = f"HTTP {err.code} ({err.reason})"
+                    continue
+                raise DatasetUnavailableError(
+                    f"Cannot download {dataset} from {url}: the server answered HTTP {err.code} "
+                    f"({err.reason}). The file may have moved; pass url= with a mirror. "
+                    + _manual_hint(url, dest)
+                ) from err
+            except (OSError, http.client.HTTPException, ValueError) as err:
+                # URLError, refused connections, DNS failures, timeouts and the chapter
+                # runner's network guard are all OSErrors: offline at the first attempt
+                # (no point retrying), a dropped server later on.
+                if attempt == 0:
+                    raise unavailable(err, "connecting") from err
+                last_problem = f"reconnecting failed ({err})"
+                continue
+            if confirm is not None:
+                response.close()
+                raise confirm()
+            with response:
+                status = getattr(response, "status", 200)
+                if offset and (status != 206 or _content_range_start(
+                        response.headers.get("Content-Range")) != offset):
+                    out.truncate(0)  # the server sent the whole file again
+                    offset = 0
+                length = response.headers.get("Content-Length")
+                total = offset + int(length) if length and length.isdigit() else size
+                if attempt == 0 and progress:
+                    shown = f"{total / 2**20:.1f} MiB" if total else "unknown size"
+                    print(f"[{dataset}] downloading {url} ({shown}) to {dest}", file=sys.stderr)
+                bar = _Progress(progress, dataset, total, offset)
+                done, lost = offset, None
+                try:
+                    while True:
+                        try:
+                            chunk = response.read(_CHUNK)
+                        except (OSError, http.client.HTTPException) as err:
+                            lost = err
+                            break
+                        if not chunk:
+                            break
+                        out.write(chunk)  # a full disk raises its own OSError, not "offline"
+                        done += len(chunk)
+                        bar.update(len(chunk))
+                finally:
+                    bar.close()
+                    out.flush()
+            if lost is not None:
+                last_problem = f"the connection was lost after {done} bytes ({lost!r})"
+                continue
+            if total is not None and done < total:
+                last_problem = f"the connection closed after {done} of {total} bytes"
+                continue
+            break
+        else:
+            raise DatasetUnavailableError(
+                f"Cannot download {dataset} from {url}: {last_problem}, {retries + 1} attempt(s). "
+                f"The partial file {part} is kept; the next call resumes from it (delete it to "
+                f"start over: {_remove_command(part)}). " + _manual_hint(url, dest)
+            )
+        out.flush()
+        os.fsync(out.fileno())
 
 
 # --------------------------------------------------------------------------- extract
@@ -312,7 +522,10 @@ def extract(archive: PathLike, dest: PathLike) -> Path:
 
     Raises:
         FileNotFoundError if ``archive`` is missing; FileExistsError if ``dest`` exists;
-        ValueError if the file is neither a zip nor a tar archive; UnsafeArchiveError.
+        :class:`CorruptArchiveError` (a ValueError) if the file is not a zip or tar
+        archive, holds no files (an all-zero file is not an empty tar here) or cannot be
+        unpacked -- its message names the file and the command that deletes it;
+        UnsafeArchiveError.
     """
     if not isinstance(archive, (str, os.PathLike)):
         raise TypeError(f"archive must be a path, got {archive!r}")
@@ -324,38 +537,68 @@ def extract(archive: PathLike, dest: PathLike) -> Path:
     if dest.exists():
         raise FileExistsError(f"dest already exists: {dest}; remove it to extract again")
 
-    is_zip = zipfile.is_zipfile(archive)
-    if not is_zip and not tarfile.is_tarfile(archive):
-        raise ValueError(
-            f"archive must be a zip or tar file (optionally gz/bz2/xz-compressed): {archive}"
+    def corrupt(why: str) -> CorruptArchiveError:
+        return CorruptArchiveError(
+            f"{archive} {why}: it is probably a truncated or failed download, or not the "
+            "file expected. Delete it and run again to fetch a fresh copy:\n"
+            f"    {_remove_command(archive)}"
         )
+
+    is_zip = zipfile.is_zipfile(archive)
+    if not is_zip and not _is_tar(archive):
+        raise corrupt("is not an archive: an archive must be a zip or tar file (optionally "
+                      "gz/bz2/xz-compressed)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
     try:
-        if is_zip:
-            with zipfile.ZipFile(archive) as zf:
-                for info in zf.infolist():
-                    _check_member_name(info.filename, archive)
-                zf.extractall(tmp)
-        else:
-            with tarfile.open(archive, "r:*") as tf:
-                members = tf.getmembers()
-                for m in members:
-                    _check_member_name(m.name, archive)
-                    if not (m.isfile() or m.isdir()):
-                        kind = "link" if (m.issym() or m.islnk()) else "special file"
-                        raise UnsafeArchiveError(
-                            f"{archive}: member {m.name!r} is a {kind}; refusing to extract"
-                        )
-                if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4 / 3.12: belt and braces
-                    tf.extractall(tmp, members=members, filter="data")
-                else:  # pragma: no cover - older Pythons; members were checked above
-                    tf.extractall(tmp, members=members)
+        try:
+            if is_zip:
+                with zipfile.ZipFile(archive) as zf:
+                    infos = zf.infolist()
+                    if not infos:
+                        raise corrupt("holds no files")
+                    for info in infos:
+                        _check_member_name(info.filename, archive)
+                    zf.extractall(tmp)  # checks each member's CRC (BadZipFile)
+            else:
+                _extract_tar(archive, tmp, corrupt)
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError,
+                OSError) as err:
+            if isinstance(err, (FileNotFoundError, PermissionError)) or getattr(err, "errno", None) == errno.ENOSPC:
+                raise
+            raise corrupt(f"cannot be unpacked ({type(err).__name__}: {err})") from err
         os.replace(tmp, dest)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def _is_tar(archive: Path) -> bool:
+    """A tar archive with at least one real header (tarfile also says yes to all zeros)."""
+    try:
+        with tarfile.open(archive, "r:*") as tf:
+            return tf.next() is not None
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError):
+        return False
+
+
+def _extract_tar(archive: Path, tmp: Path, corrupt) -> None:
+    with tarfile.open(archive, "r:*") as tf:
+        members = tf.getmembers()
+        if not members:
+            raise corrupt("holds no files")
+        for m in members:
+            _check_member_name(m.name, archive)
+            if not (m.isfile() or m.isdir()):
+                kind = "link" if (m.issym() or m.islnk()) else "special file"
+                raise UnsafeArchiveError(
+                    f"{archive}: member {m.name!r} is a {kind}; refusing to extract"
+                )
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4 / 3.12: belt and braces
+            tf.extractall(tmp, members=members, filter="data")
+        else:  # pragma: no cover - older Pythons; members were checked above
+            tf.extractall(tmp, members=members)
 
 
 def download_and_extract(
@@ -364,10 +607,13 @@ def download_and_extract(
     *,
     filename: str,
     sha256: Optional[str] = None,
+    size: Optional[int] = None,
     timeout: float = 60.0,
     dataset: str = "the dataset",
     keep_archive: bool = True,
     progress: bool = True,
+    retries: int = DEFAULT_RETRIES,
+    confirm_unpinned: Optional[bool] = None,
 ) -> Path:
     """Fetch ``url`` to ``folder/filename`` and unpack it to ``folder/extracted``, once.
 
@@ -380,7 +626,8 @@ def download_and_extract(
         ``folder/extracted``.
 
     Raises:
-        as :func:`download` and :func:`extract`.
+        as :func:`download` and :func:`extract` (a cached archive that cannot be unpacked
+        is named in the :class:`CorruptArchiveError`, with the command that deletes it).
     """
     if not isinstance(folder, (str, os.PathLike)):
         raise TypeError(f"folder must be a path, got {folder!r}")
@@ -390,8 +637,9 @@ def download_and_extract(
     target = folder / "extracted"
     if target.is_dir():
         return target
-    archive = download(url, folder / filename, sha256=sha256, timeout=timeout, dataset=dataset,
-                       progress=progress)
+    archive = download(url, folder / filename, sha256=sha256, size=size, timeout=timeout,
+                       dataset=dataset, progress=progress, retries=retries,
+                       confirm_unpinned=confirm_unpinned)
     extract(archive, target)
     if not keep_archive:
         archive.unlink()

@@ -36,10 +36,16 @@ __all__ = ["GLUE_TASKS", "fetch_glue", "find_glue_dir", "load_glue"]
 
 PathLike = Union[str, os.PathLike]
 
-#: task -> download URL, archive name, folder in the zip, split files, label names.
+#: task -> download URL, pinned size and SHA-256 of the zip, archive name, folder in the
+#: zip, split files, label names. The sizes and digests are those Hugging Face ``datasets``
+#: records for these URLs (``download_checksums`` in ``datasets/glue/dataset_infos.json``
+#: of github.com/huggingface/datasets); torchtext pins the same SST-2 zip by MD5
+#: (9f81648d4199384278b86e315dac217c).
 GLUE_TASKS = {
     "sst2": {
         "url": "https://dl.fbaipublicfiles.com/glue/data/SST-2.zip",
+        "size": 7439277,
+        "sha256": "d67e16fb55739c1b32cdce9877596db1c127dc322d93c082281f64057c16deaa",
         "archive": "SST-2.zip",
         "folder": "SST-2",
         "splits": {"train": "train.tsv", "dev": "dev.tsv"},
@@ -48,6 +54,8 @@ GLUE_TASKS = {
     },
     "mnli": {
         "url": "https://dl.fbaipublicfiles.com/glue/data/MNLI.zip",
+        "size": 312783507,
+        "sha256": "e7c1d896d26ed6caf700110645df426cc2d8ebf02a5ab743d5a5c68ac1c83633",
         "archive": "MNLI.zip",
         "folder": "MNLI",
         "splits": {
@@ -83,7 +91,9 @@ def fetch_glue(
         task: ``"sst2"`` or ``"mnli"``.
         root: cache folder (default ``$NN_KERNELS_DATA`` or ``~/.cache/nn-kernels-book``).
         url: override of the download address (tests pass a ``file://`` fixture).
-        sha256: expected SHA-256 of the zip, or None.
+        sha256: expected SHA-256 of the zip. None: the pinned size and digest of the
+            published zip (``GLUE_TASKS[task]``) when ``url`` is the default address, no
+            check for another ``url``.
 
     Raises:
         ValueError for an unknown task; DatasetUnavailableError offline (naming the URL
@@ -91,9 +101,11 @@ def fetch_glue(
     """
     spec = _task(task)
     folder = cache_dir(root) / "glue" / task
+    pinned = url in (None, spec["url"]) and sha256 is None
     return download_and_extract(
-        url or spec["url"], folder, filename=spec["archive"], sha256=sha256, timeout=timeout,
-        dataset=spec["dataset"], progress=progress,
+        url or spec["url"], folder, filename=spec["archive"],
+        sha256=spec["sha256"] if pinned else sha256, size=spec["size"] if pinned else None,
+        timeout=timeout, dataset=spec["dataset"], progress=progress,
     )
 
 

@@ -5,8 +5,11 @@ Long Range Arena (Tay, Dehghani, Abnar, Shen, Bahri, Pham, Rao, Yang, Ruder & Me
 of the paper's Table 2. Its authors publish all task files as one archive,
 ``lra_release.gz`` (a large gzipped tar archive, despite the name), at the address given
 in the README of ``github.com/google-research/long-range-arena``:
-:data:`LRA_URL`. No checksum is published, so none is checked by default; pass
-``sha256=`` to pin the archive you trust.
+:data:`LRA_URL`. No checksum or size is published for it (neither by the authors nor by
+a dataset library we could find), so the first download from the network must be
+confirmed -- ``NN_KERNELS_CONFIRM_UNPINNED=1`` or ``confirm_unpinned=True`` -- or given
+``sha256=``; the digest of a confirmed download is recorded beside the archive and checked
+on every later use (see :func:`data_scripts.fetch.download`).
 
 The archive unpacks to ``lra_release/lra_release/`` (the LRA repository's
 ``dataset_setup.sh`` moves files from there) with, among others:
@@ -66,6 +69,7 @@ def fetch_lra(
     timeout: float = 60.0,
     keep_archive: bool = True,
     progress: bool = True,
+    confirm_unpinned: Optional[bool] = None,
 ) -> Path:
     """Download and unpack the LRA release into the cache, once; return the unpacked folder.
 
@@ -77,6 +81,8 @@ def fetch_lra(
         timeout: network timeout in seconds.
         keep_archive: keep the archive after unpacking (it is large).
         progress: print download progress to stderr.
+        confirm_unpinned: accept the download without a published checksum (None: read
+            ``$NN_KERNELS_CONFIRM_UNPINNED``).
 
     Returns:
         ``root/lra/extracted``, which holds the archive's ``lra_release/`` folder.
@@ -88,6 +94,7 @@ def fetch_lra(
     return download_and_extract(
         url, cache_dir(root) / _SUBDIR, filename=LRA_ARCHIVE, sha256=sha256, timeout=timeout,
         dataset=_DATASET, keep_archive=keep_archive, progress=progress,
+        confirm_unpinned=confirm_unpinned,
     )
 
 

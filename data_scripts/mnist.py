@@ -15,7 +15,11 @@ grey levels, and their labels)::
 :data:`MNIST_URL` is the mirror that torchvision uses
 (``https://ossci-datasets.s3.amazonaws.com/mnist/``); pass ``base_url=`` for another
 mirror. The MD5 digests in :data:`MNIST_MD5` are the ones published with the original
-files (and checked by torchvision); pass ``md5=None`` to skip the check.
+files (and checked by torchvision); pass ``md5=None`` to skip the check. For the default
+URL the files' sizes and SHA-256 digests (:data:`MNIST_SIZES`, :data:`MNIST_SHA256`, from
+TensorFlow Datasets' ``url_checksums/mnist.txt`` for the same four files; the sizes are
+also those on LeCun's page) are checked as well, so a truncated download is never
+kept.
 
 Offline: copy the four ``.gz`` files into ``<root>/mnist/`` (root: the ``root=`` argument,
 ``$NN_KERNELS_DATA`` or ``~/.cache/nn-kernels-book``); files already there are used as
@@ -28,6 +32,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Union
@@ -40,6 +45,8 @@ __all__ = [
     "MNIST_URL",
     "MNIST_FILES",
     "MNIST_MD5",
+    "MNIST_SHA256",
+    "MNIST_SIZES",
     "MNIST",
     "read_idx",
     "fetch_mnist",
@@ -61,6 +68,20 @@ MNIST_MD5 = {
     "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
     "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
     "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+}
+#: File name -> size in bytes (TensorFlow Datasets' url_checksums/mnist.txt, LeCun's page).
+MNIST_SIZES = {
+    "train-images-idx3-ubyte.gz": 9912422,
+    "train-labels-idx1-ubyte.gz": 28881,
+    "t10k-images-idx3-ubyte.gz": 1648877,
+    "t10k-labels-idx1-ubyte.gz": 4542,
+}
+#: File name -> SHA-256 (TensorFlow Datasets' url_checksums/mnist.txt).
+MNIST_SHA256 = {
+    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
 }
 _DATASET = "MNIST"
 _SUBDIR = "mnist"
@@ -143,10 +164,16 @@ def fetch_mnist(
         raise TypeError(f"md5 must be a mapping from file name to digest or None, got {md5!r}")
     folder = cache_dir(root) / _SUBDIR
     base = base_url if base_url.endswith("/") else base_url + "/"
+    pinned = base == MNIST_URL
     for name in MNIST_FILES.values():
         dest = folder / name
         try:
-            download(base + name, dest, timeout=timeout, dataset=_DATASET)
+            # Without pins (another base_url) the MD5 below is the check; the download
+            # itself then needs no confirmation.
+            download(base + name, dest, timeout=timeout, dataset=_DATASET,
+                     sha256=MNIST_SHA256[name] if pinned else None,
+                     size=MNIST_SIZES[name] if pinned else None,
+                     confirm_unpinned=True if md5 is not None and name in md5 else None)
         except DatasetUnavailableError as err:
             raise DatasetUnavailableError(
                 f"{err} To use MNIST offline, copy the four files {sorted(MNIST_FILES.values())} "
@@ -156,8 +183,9 @@ def fetch_mnist(
             got = _md5(dest)
             if got != md5[name].lower():
                 raise ChecksumError(
-                    f"{dest} has MD5 {got}, expected {md5[name]} for {_DATASET}; delete the file "
-                    "to download it again, or pass md5=None to accept it"
+                    f"{dest} has MD5 {got}, expected {md5[name]} for {_DATASET}. Delete the file "
+                    f"to download it again:\n    rm {shlex.quote(str(dest))}\n(or pass "
+                    "md5=None to accept it)"
                 )
     return folder
 

@@ -18,8 +18,12 @@ longer serves the file (HTTP 403 since 2024). The default here,
 Another copy is on the Hugging Face Hub
 (``https://huggingface.co/datasets/mattdangerw/wikitext-103-raw/resolve/main/``
 ``wikitext-103-raw-v1.zip``, one URL);
-pass it as ``url=`` if the default is down. No SHA-256 is published with the release, so
-none is checked by default; pass ``sha256=`` to pin the file you trust.
+pass it as ``url=`` if the default is down. The release itself publishes no checksum;
+:data:`WIKITEXT103_SIZE` and :data:`WIKITEXT103_SHA256` are the values Hugging Face
+``datasets`` records for the original S3 address (``download_checksums`` in
+``datasets/wikitext/dataset_infos.json`` of github.com/huggingface/datasets), which the
+default mirror serves byte for byte; they are checked for the default ``url``. Pass
+``sha256=`` for another copy.
 
 Offline: put the zip at ``<root>/wikitext-103/wikitext-103-raw-v1.zip`` (root: the
 ``root=`` argument, ``$NN_KERNELS_DATA`` or ``~/.cache/nn-kernels-book``), or its
@@ -42,6 +46,8 @@ from data_scripts.fetch import DatasetUnavailableError, cache_dir, download_and_
 
 __all__ = [
     "WIKITEXT103_URL",
+    "WIKITEXT103_SIZE",
+    "WIKITEXT103_SHA256",
     "WIKITEXT103_ARCHIVE",
     "WIKITEXT103_SPLITS",
     "fetch_wikitext103",
@@ -51,6 +57,9 @@ __all__ = [
 
 #: Default download address (the dataset author's mirror of the original release).
 WIKITEXT103_URL = "https://wikitext.smerity.com/wikitext-103-raw-v1.zip"
+#: Size and SHA-256 of the zip (Hugging Face ``datasets``' recorded download checksum).
+WIKITEXT103_SIZE = 191984949
+WIKITEXT103_SHA256 = "91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794"
 #: File name of the archive in the cache.
 WIKITEXT103_ARCHIVE = "wikitext-103-raw-v1.zip"
 #: Split name -> file name inside ``wikitext-103-raw/``.
@@ -76,7 +85,8 @@ def fetch_wikitext103(
         root: cache folder (default ``$NN_KERNELS_DATA`` or ``~/.cache/nn-kernels-book``);
             the data go to ``root/wikitext-103/``.
         url: where to get the zip; tests pass a ``file://`` URL of a tiny fixture.
-        sha256: expected SHA-256 of the zip, or None (no checksum is published).
+        sha256: expected SHA-256 of the zip. None: :data:`WIKITEXT103_SHA256` and
+            :data:`WIKITEXT103_SIZE` when ``url`` is the default, no check otherwise.
         timeout: network timeout in seconds.
         keep_archive: keep the zip after unpacking.
         progress: print download progress to stderr.
@@ -89,8 +99,11 @@ def fetch_wikitext103(
         hand), ChecksumError, UnsafeArchiveError; see :mod:`data_scripts.fetch`.
     """
     folder = cache_dir(root) / _SUBDIR
+    pinned = url == WIKITEXT103_URL and sha256 is None
     return download_and_extract(
-        url, folder, filename=WIKITEXT103_ARCHIVE, sha256=sha256, timeout=timeout,
+        url, folder, filename=WIKITEXT103_ARCHIVE,
+        sha256=WIKITEXT103_SHA256 if pinned else sha256,
+        size=WIKITEXT103_SIZE if pinned else None, timeout=timeout,
         dataset=_DATASET, keep_archive=keep_archive, progress=progress,
     )
 
