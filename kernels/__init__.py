@@ -14,6 +14,8 @@ Shared plumbing lives in :mod:`kernels.device` (device selection and device chec
 
 from __future__ import annotations
 
+import warnings
+from importlib import metadata
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -23,5 +25,49 @@ __version__ = "0.1.0"
 #: PyPI distribution that also installs a top-level ``kernels`` package.
 PACKAGE_DIR = Path(__file__).resolve().parent
 IS_NN_KERNELS_BOOK = True
+#: Name of the unrelated PyPI distribution whose import name is also ``kernels``.
+OTHER_DISTRIBUTION = "kernels"
 
-__all__ = ["PACKAGE_DIR", "IS_NN_KERNELS_BOOK", "__version__"]
+__all__ = [
+    "PACKAGE_DIR",
+    "IS_NN_KERNELS_BOOK",
+    "OTHER_DISTRIBUTION",
+    "PackageCollisionWarning",
+    "collision_advice",
+    "__version__",
+]
+
+
+class PackageCollisionWarning(RuntimeWarning):
+    """The unrelated PyPI distribution ``kernels`` is installed beside this book's package."""
+
+
+def collision_advice() -> str:
+    """What to do when the PyPI package ``kernels`` shares the environment (README, Troubleshooting)."""
+    return (
+        "The unrelated PyPI package 'kernels' also installs a top-level package named "
+        "'kernels'; with both in one environment one hides the other, and uninstalling "
+        "either can delete the other's files. Use a separate environment for this book "
+        "(make book / book/tools/setup_env.sh create .venv), or remove the other package and "
+        "reinstall this one: pip uninstall kernels && pip install -e . (in the book's "
+        "repository)."
+    )
+
+
+def _warn_if_the_other_kernels_is_installed() -> None:
+    # One metadata lookup (a directory listing per sys.path entry), not a scan of every
+    # distribution's file list: cheap enough for every import.
+    try:
+        other = metadata.distribution(OTHER_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return
+    warnings.warn(
+        f"kernels (the nn-kernels-book package, {PACKAGE_DIR}) was imported, but the PyPI "
+        f"distribution '{OTHER_DISTRIBUTION}' {other.version} is installed too. "
+        + collision_advice(),
+        PackageCollisionWarning,
+        stacklevel=3,
+    )
+
+
+_warn_if_the_other_kernels_is_installed()

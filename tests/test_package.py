@@ -66,3 +66,46 @@ def test_cupy_absence_is_not_an_error() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 def test_cuda_is_default_when_present() -> None:
     assert device.default_device().type == "cuda"
+
+
+# ---------------------------------------------------------------- the other ``kernels``
+def _python(code: str, pythonpath: Path, tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(pythonpath))
+    return subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=env)
+
+
+def test_a_shadowing_kernels_package_is_a_loud_import_error(tmp_path: Path) -> None:
+    """Issue 14: the PyPI package ``kernels`` first on the path hid this one silently."""
+    shadow = tmp_path / "site"
+    (shadow / "kernels").mkdir(parents=True)
+    (shadow / "kernels" / "__init__.py").write_text("IS_OTHER = True\n")
+    proc = _python("import data_scripts", shadow, tmp_path)
+    assert proc.returncode != 0
+    assert "ImportError" in proc.stderr and str(shadow / "kernels" / "__init__.py") in proc.stderr
+    assert "pip uninstall kernels" in proc.stderr
+
+
+def test_the_other_distribution_beside_this_one_warns(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    info = site / "kernels-0.4.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kernels\nVersion: 0.4.0\n")
+    proc = _python("import kernels, data_scripts; print(kernels.PACKAGE_DIR)", site, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(ROOT / "kernels")
+    assert "PackageCollisionWarning" in proc.stderr and "'kernels' 0.4.0 is installed too" in proc.stderr
+    assert "pip uninstall kernels" in proc.stderr
+
+
+def test_no_collision_warning_in_this_environment() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", "import kernels, data_scripts"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
