@@ -506,9 +506,12 @@ def rpe_mlp(
     asymptotically so, since :math:`\\mathrm{LN}(a u + b)` divides by the square root of a
     quadratic in :math:`u` (chapter 4 checks both numerically). As a function
     of frequency it is the MLP of Theorems 2-4 (``"gelu"``: time-domain decay faster
-    than any exponential; ``"silu"``: faster than any polynomial; ``"relu"``: square
-    summable). Derived in chapter 4 (chapters/04_toeplitz.ipynb), sections "The
-    Toeplitz neural operator" and "Smoothness in frequency, decay in time".
+    than any exponential, for an MLP without layer norm, the theorem's assumption; with
+    layer norm the response is analytic only in a strip and the decay is exponential;
+    ``"silu"``: faster than any polynomial; ``"relu"``: square summable by the theorem,
+    and in fact :math:`O(t^{-2})`, absolutely summable). Derived in chapter 4
+    (chapters/04_toeplitz.ipynb), sections "The Toeplitz neural operator" and
+    "Smoothness in frequency, decay in time".
 
     Shapes: ``(N, in_features) -> (N, out_features)``; cost
     :math:`O(N\\,(\\text{depth}\\,w^2 + w\\,\\text{out}))`.
@@ -1774,8 +1777,10 @@ def frequency_response_decay(mlp: nn.Module, n: int, *, feature: str = "cos") ->
     takes the result as the real, even response :math:`\\hat k(\\omega_m)` and returns
     the time-domain kernel :math:`k = \\mathrm{irFFT}_{2n}(\\hat k)` (the sampled inverse
     DTFT, Definition 3) at the lags :math:`0..n`, in absolute value. Theorems 2-4:
-    GeLU -> :math:`|k[t]|` decays faster than any exponential, SiLU -> faster than any
-    polynomial, ReLU -> square summable. The theorems need a response that is smooth
+    GeLU -> :math:`|k[t]|` decays faster than any exponential (for an MLP without layer
+    norm, Theorem 2's assumption; with layer norm, exponentially), SiLU -> faster than any
+    polynomial, ReLU -> square summable (in fact :math:`O(t^{-2})`, absolutely summable).
+    The theorems need a response that is smooth
     as a :math:`2\\pi`-periodic function: ``feature="cos"`` feeds :math:`\\cos\\omega`
     and gives exactly that; ``feature="omega"`` feeds :math:`\\omega/\\pi` (the paper's
     FD-TNO input), whose even periodic extension has kinks at :math:`\\omega = 0, \\pi`

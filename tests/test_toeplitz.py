@@ -601,6 +601,49 @@ def test_frequency_response_decay_orders_activations():
     assert float(curve.kernel_abs[64:, 0].max()) > 1e-8
 
 
+class _Ramp(nn.Module):
+    """k_hat(omega) = omega on [0, pi] from the feature omega / pi: the even extension is |omega|."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(math.pi, dtype=F64))
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return self.scale * u
+
+
+@pytest.mark.parametrize("n", [8, 31, 64, 200])
+def test_frequency_response_decay_of_a_kink_matches_the_fourier_series(n):
+    # |omega| has the Fourier coefficients c[0] = pi / 2, c[t] = -2 / (pi t^2) for odd t, 0 for even t;
+    # the kernel of its 2n samples is their aliased sum over t + 2 n m (Poisson summation), in closed form
+    # with sum_m (x + m)^-2 = pi^2 / sin^2(pi x): pi / (2 n^2 sin^2(pi t / 2n)) at odd t. A response with
+    # a kink gives |k[t]| ~ t^-2: absolutely summable, which is more than the square summability of
+    # Theorem 4 (chapter 4, "Smoothness in frequency, decay in time").
+    curve = frequency_response_decay(_Ramp(), n, feature="omega")
+    t_all = np.arange(n + 1)
+    want = np.zeros(n + 1)
+    want[0] = np.pi / 2
+    odd = t_all % 2 == 1
+    want[odd] = np.pi / (2 * n**2 * np.sin(np.pi * t_all[odd] / (2 * n)) ** 2)
+    np.testing.assert_allclose(curve.kernel_abs[:, 0].numpy(), want, rtol=1e-10, atol=1e-12)
+    t = np.arange(1, n + 1, 2)
+    bounded = t**2 * curve.kernel_abs[t, 0].numpy()
+    assert bounded.max() <= np.pi / 2 * (1 + 1e-12)  # t^2 |k[t]| <= pi / 2: O(t^-2), summable
+
+
+def test_relu_response_kernels_decay_like_t_minus_2():
+    # Random ReLU RPE MLPs with the periodic input cos(omega): the kink decay t^-2 (log-log slope near -2)
+    # and sum_t |k[t]| converges (the partial sums over the last half of the lags add little).
+    n = 512
+    for s in range(3):
+        curve = frequency_response_decay(rpe_mlp("relu", 32, 3, generator=gen(s), dtype=F64), n)
+        relative = curve.kernel_abs[:, 0].numpy() / float(curve.kernel_abs[0, 0])
+        lags = np.arange(8, n // 4)
+        slope = np.polyfit(np.log(lags), np.log(relative[lags]), 1)[0]
+        assert -2.4 < slope < -1.6, slope
+        assert relative[n // 2:].sum() < 0.05 * relative.sum()
+
+
 # --------------------------------------------------------------------------------------
 # TNN block and encoder
 # --------------------------------------------------------------------------------------
