@@ -85,7 +85,7 @@ PAGES = ["book/intro.html", "book/bibliography.html", "book/execution_status.htm
 MIN_TEXT_PX = 9.0
 MIN_SCALE = MIN_TEXT_PX / (figures.MIN_FONT_PT * figures.DPI / 72)
 
-MEASURE = """() => {
+MEASURE = r"""() => {
   const article = document.querySelector('article') || document.body;
   const imgs = [...article.querySelectorAll('img')].filter(i => i.offsetParent !== null);
   const figures = imgs.map(i => ({
@@ -93,7 +93,7 @@ MEASURE = """() => {
     natural: i.naturalWidth, shown: i.getBoundingClientRect().width,
     explorer: !!i.closest('.nnk-explorer'),
     caption: !!(i.closest('figure') && i.closest('figure').querySelector('figcaption'))}));
-  const wide = [...article.querySelectorAll('pre, table, .cell_output > div, .math')]
+  const wide = [...article.querySelectorAll('pre, table, .cell_output > div, div.math')]
     .filter(e => e.scrollWidth > e.clientWidth + 1)
     .map(e => e.tagName + '.' + e.className + ': ' + e.scrollWidth + ' > ' + e.clientWidth);
   return {figures, wide, pageWide: document.documentElement.scrollWidth > window.innerWidth,
