@@ -175,3 +175,36 @@ def test_use_book_style_sets_the_column_defaults() -> None:
         fig = plt.figure()
         check_legible(fig)
         plt.close(fig)
+
+
+def test_bench_results_and_recorded_runs_are_found_through_the_package() -> None:
+    from nnk_book import records
+
+    ntk = records.bench_results("ntk")
+    assert ntk is not None and ntk["rows"] and "machine" in ntk
+    assert records.bench_results("no_such_bench") is None
+    with pytest.raises(ValueError, match="name"):
+        records.bench_results("../etc")
+    run = records.recorded_run("03_bundling")
+    assert run is not None and run["values"] and run["current"] in (True, False, None)
+    assert records.recorded_run("01_ntk", "no_profile") is None
+    rows = records.paper_scale_rows([("a", "x", "{:.2f}"), ("b", "y", "{}")], {"x": 1.234}, {"values": {"y": "s"}})
+    assert rows == [["a", "1.23", "—"], ["b", "—", "s"]]
+    assert records.machine_line({"cpu": "c", "threads": 2}) == "cpu = c, threads = 2"
+
+
+def test_code_hash_ignores_prose(tmp_path) -> None:
+    import nbformat
+
+    from nnk_book.records import code_hash
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("one"), nbformat.v4.new_code_cell("x = 1")])
+    path = tmp_path / "a.ipynb"
+    nbformat.write(nb, str(path))
+    before = code_hash(path)
+    nb.cells[0].source = "two"
+    nbformat.write(nb, str(path))
+    assert code_hash(path) == before
+    nb.cells[1].source = "x = 2"
+    nbformat.write(nb, str(path))
+    assert code_hash(path) != before

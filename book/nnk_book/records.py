@@ -1,0 +1,100 @@
+"""Readers for what chapters show but do not compute: benchmark results and recorded runs.
+
+Both live in the repository (``benchmarks/results/<name>.json`` written by the
+``bench_*.py`` scripts, ``book/runs/<chapter>.<profile>.json`` written by
+``book/tools/record_run.py``), located through this package, so a chapter needs no
+relative path and works from any working directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH_RESULTS = ROOT / "benchmarks" / "results"
+RUNS = ROOT / "book" / "runs"
+
+
+def _check_name(name: str, what: str) -> str:
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        raise ValueError(f"{what} must be a plain name like '01_ntk' or 'toeplitz', got {name!r}")
+    return name
+
+
+def bench_results(name: str) -> dict[str, Any] | None:
+    """The committed results of ``benchmarks/bench_<name>.py`` (``machine``, ``rows``, ...).
+
+    ``None`` when that benchmark has not been run (the chapter then says so).
+    """
+    path = BENCH_RESULTS / f"bench_{_check_name(name, 'name')}.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    """One line describing the machine of a results file: ``key = value, ...``."""
+    return ", ".join(f"{key} = {value}" for key, value in machine.items())
+
+
+def code_hash(notebook: Path | str) -> str:
+    """Hash of a notebook's code cells (not its prose): what a recorded run depends on."""
+    import nbformat
+
+    nb = nbformat.reads(Path(notebook).read_text(), as_version=4) if Path(notebook).exists() else None
+    if nb is None:
+        raise FileNotFoundError(notebook)
+    return _hash_cells(nb)
+
+
+def _hash_cells(nb: Any) -> str:
+    h = hashlib.sha256()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            h.update(b"\0" + cell.source.encode())
+    return h.hexdigest()[:16]
+
+
+def _code_hash_at(commit: str, chapter: str) -> str | None:
+    import nbformat
+
+    try:
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:chapters/{chapter}.ipynb"],
+                              capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return _hash_cells(nbformat.reads(text, as_version=4))
+
+
+def recorded_run(chapter: str, profile: str = "full") -> dict[str, Any] | None:
+    """The recorded run of ``chapter`` under ``profile``, or ``None`` when there is none.
+
+    Adds ``current``: whether the chapter's code cells are still those the run executed
+    (``code_hash`` in the record, or the chapter at the record's ``commit``); ``False``
+    means the record predates changes to the experiments and should be re-recorded with
+    ``make record``; ``None`` when that cannot be told.
+    """
+    path = RUNS / f"{_check_name(chapter, 'chapter')}.{_check_name(profile, 'profile')}.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    then = data.get("code_hash") or _code_hash_at(str(data.get("commit", "")), chapter)
+    now = code_hash(ROOT / "chapters" / f"{chapter}.ipynb")
+    data["current"] = None if then is None else then == now
+    return data
+
+
+def _show(value: Any, spec: str) -> str:
+    return "—" if value is None else value if isinstance(value, str) else spec.format(value)
+
+
+def paper_scale_rows(rows: Sequence[tuple[str, str, str]], this_run: dict[str, Any],
+                     record: dict[str, Any] | None) -> list[list[str]]:
+    """Table rows ``[what, this run, recorded run]`` for ``(what, glued name, format)`` rows."""
+    recorded = (record or {}).get("values", {})
+    return [[label, _show(this_run.get(key), spec), _show(recorded.get(key), spec)]
+            for label, key, spec in rows]
