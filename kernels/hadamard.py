@@ -172,13 +172,15 @@ def fwht_backend(x: Tensor, backend: str = "auto") -> str:
     tensors, other dtypes).
     """
     check_choice("backend", backend, FWHT_BACKENDS)
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     eligible = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
     if backend == "torch":
         return "torch"
     if backend == "compiled":
         if not eligible:
             raise ValueError(
-                "backend='compiled' needs a float32 or float64 CPU tensor, got "
+                "backend='compiled' needs x to be a float32 or float64 CPU tensor, got "
                 f"{x.dtype} on {x.device}"
             )
         from kernels._ext import build

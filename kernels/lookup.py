@@ -324,8 +324,8 @@ def lookup_gather(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
     return LookupGatherFunction.apply(z, tables, scaled)
 
 
-def _check_fused_inputs(z: Any, tables: Any) -> None:
-    for name, value in (("z", z), ("tables", tables)):
+def _check_fused_inputs(z: Any, tables: Any, z_name: str = "z") -> None:
+    for name, value in ((z_name, z), ("tables", tables)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
         if value.dtype not in (torch.float32, torch.float64):
@@ -340,7 +340,8 @@ def _check_fused_inputs(z: Any, tables: Any) -> None:
                 f"strides {value.stride()} for shape {tuple(value.shape)}"
             )
     if z.ndim != 2:
-        raise ValueError(f"z must have shape (tokens, h * tau) for the fused kernel, got {tuple(z.shape)}")
+        want = "(tokens, h * tau)" if z_name == "z" else "(tokens, h)"
+        raise ValueError(f"{z_name} must have shape {want} for the fused kernel, got {tuple(z.shape)}")
 
 
 def lookup_forward_fused(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
@@ -422,7 +423,7 @@ def gather_fused(
         raise ValueError(f"codes must have shape (tokens, {h}), got {tuple(codes.shape)}")
     if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 2**tau):
         raise ValueError(f"codes must lie in [0, {2**tau}), got values outside")
-    _check_fused_inputs(weights, tables)
+    _check_fused_inputs(weights, tables, z_name="weights")
     if weights.shape != codes.shape or weights.dtype != tables.dtype:
         raise ValueError("weights must have the shape of codes and the dtype of tables")
     if not codes.is_contiguous():
@@ -430,7 +431,6 @@ def gather_fused(
     if out is None:
         out = torch.empty(codes.shape[0], d_out, dtype=tables.dtype)
     else:
-        _check_fused_inputs(codes.new_empty(0, 1, dtype=tables.dtype), tables)
         if (not isinstance(out, torch.Tensor) or out.shape != (codes.shape[0], d_out)
                 or out.dtype != tables.dtype or not out.is_contiguous() or out.device.type != "cpu"):
             raise ValueError(

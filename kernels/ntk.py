@@ -897,6 +897,8 @@ def fc_kernel(
         b_std: bias scale :math:`\\sigma_b \\ge 0`.
     """
     x1 = _check_float32_or_64("x1", check_tensor("x1", x1, ndim=2))
+    if x1.shape[1] == 0:
+        raise ValueError(f"x1 must have at least one feature (column), got shape {tuple(x1.shape)}")
     if x2 is not None:
         x2 = _check_float32_or_64("x2", check_tensor("x2", x2, ndim=2))
         check_same_feature_dim("x1", x1, "x2", x2)

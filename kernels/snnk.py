@@ -373,6 +373,8 @@ def least_squares(
     check_tensor("targets", targets, ndim=(1, 2))
     lam = check_nonnegative_float("ridge", ridge)
     check_nonempty("features", features, 0, "row (sample)")
+    if features.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"features must be float32 or float64 (LAPACK solvers), got {features.dtype}")
     if targets.ndim == 2:
         check_nonempty("targets", targets, 1, "column (output)")
     if targets.shape[0] != features.shape[0]:

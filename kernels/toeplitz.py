@@ -254,6 +254,14 @@ class _SpectralProduct(torch.autograd.Function):
         return grad_x, grad_spectrum, None
 
 
+def _check_fft_input(name: str, value: Any, **kwargs: Any) -> Tensor:
+    """:func:`check_tensor`, and float32/float64 only: the FFTs have no float16 kernels."""
+    value = check_tensor(name, value, **kwargs)
+    if value.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{name} must be float32 or float64 (FFT), got {value.dtype}")
+    return value
+
+
 def _empty_like_result(shape: tuple[int, ...], x: Tensor, *params: Tensor) -> Tensor:
     """The result of a Toeplitz product with no elements (an empty batch, 0 channels).
 
@@ -274,8 +282,8 @@ def _apply_spectrum(spectrum: Tensor, x: Tensor, length: int) -> Tensor:
 
 
 def _check_coeffs_and_x(coeffs: Any, x: Any, causal: bool) -> tuple[Tensor, Tensor, int]:
-    x = check_tensor("x", x)
-    coeffs = check_tensor("coeffs", coeffs)
+    x = _check_fft_input("x", x)
+    coeffs = _check_fft_input("coeffs", coeffs)
     if x.ndim < 2:
         raise ValueError(
             f"x must have shape (..., n, channels) with at least 2 dimensions, got shape "
@@ -935,8 +943,8 @@ def ski_matvec(
     """
     method = check_choice("method", method, SKI_METHODS)
     interpolation = check_choice("interpolation", interpolation, SKI_INTERPOLATIONS)
-    a_coeffs = check_tensor("a_coeffs", a_coeffs, ndim=2)
-    x = check_tensor("x", x)
+    a_coeffs = _check_fft_input("a_coeffs", a_coeffs, ndim=2)
+    x = _check_fft_input("x", x)
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., n, channels), got shape {tuple(x.shape)}")
     if a_coeffs.dtype != x.dtype:
@@ -1313,7 +1321,7 @@ def discrete_hilbert(x: Tensor) -> Tensor:
     in chapter 4 (chapters/04_toeplitz.ipynb), section "Hilbert transform and
     causality".
     """
-    x = check_tensor("x", x)
+    x = _check_fft_input("x", x)
     if x.ndim < 1 or x.shape[-1] < 1:
         raise ValueError(f"x must have a non-empty last dimension, got shape {tuple(x.shape)}")
     size = x.shape[-1]
@@ -1390,7 +1398,7 @@ def causal_kernel_from_real_response(real: Tensor) -> Tensor:
     (..., n + 1)`` complex, :math:`n \\ge 1`; :math:`O(n \\log n)`. Derived in chapter 4
     (chapters/04_toeplitz.ipynb), section "Hilbert transform and causality".
     """
-    real = check_tensor("real", real)
+    real = _check_fft_input("real", real)
     if real.ndim < 1 or real.shape[-1] < 2:
         raise ValueError(
             f"real must have length n + 1 >= 2 in its last dimension (omega = m pi / n, "

@@ -470,6 +470,12 @@ void gather_cpu(const torch::Tensor& codes, const torch::Tensor& weights,
   NNK_ARG(out.size(0) == n && out.size(1) == d && out.scalar_type() == tables.scalar_type(),
           "out must have shape (", n, ", ", d, ") and the dtype of tables");
   if (n == 0) return;
+  {  // codes index the tables: one pass over n * h integers, cheap next to the gather
+    const int64_t* c = codes.data_ptr<int64_t>();
+    bool in_range = true;
+    for (int64_t i = 0; i < n * h; ++i) in_range &= (c[i] >= 0) & (c[i] < rows);
+    NNK_ARG(in_range, "codes must lie in [0, ", rows, ")");
+  }
   if (tables.scalar_type() == torch::kFloat) {
     gather_tokens<float>(codes.data_ptr<int64_t>(), weights.data_ptr<float>(),
                          tables.data_ptr<float>(), out.data_ptr<float>(), n, h, rows, d);
