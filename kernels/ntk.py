@@ -70,6 +70,8 @@ __all__ = [
     "fc_kernel",
     "gd_mse_predictor",
     "mse_loss_curve",
+    "GaussianPrediction",
+    "gd_mse_ensemble",
     "linearize",
     "LinearizedModel",
     "PARAMETERIZATIONS",
@@ -1045,8 +1047,52 @@ def _train_spectrum(
     return _TrainSpectrum(evals, evecs, positive, y, residual)
 
 
-def _check_times(t: object) -> tuple[Tensor, bool]:
-    """Times as a float64 1-D tensor and whether the input was a scalar."""
+def _check_discrete(discrete: object) -> bool:
+    if not isinstance(discrete, bool):
+        raise TypeError(f"discrete must be True or False, got {type(discrete).__name__}")
+    return discrete
+
+
+def _decay_and_gain(
+    evals: Tensor, positive: Tensor, rate: float, times: Tensor, discrete: bool
+) -> tuple[Tensor, Tensor]:
+    """Per eigenvalue and time, ``(T, N)``: the residual's decay factor, :math:`e^{-r
+    \\lambda t}` (flow) or :math:`(1 - r\\lambda)^t` (``discrete``), with ``r =
+    eta / N``, and the gain :math:`(1 - \\text{decay})/\\lambda` of the test prediction,
+    whose limit is :math:`r t` for :math:`\\lambda \\to 0`. At ``t = inf`` the decay is 0
+    on the range of :math:`\\Theta` (NaN where discrete steps diverge) and 1 on its null
+    space (no gradient there), and the gain is the pseudo-inverse."""
+    f64 = torch.float64
+    finite = torch.isfinite(times)[:, None]
+    tt = torch.where(finite, times[:, None], torch.zeros_like(times[:, None]))
+    safe_evals = torch.where(positive, evals, torch.ones_like(evals))
+    if discrete:
+        base = (1.0 - rate * evals)[None, :]
+        decay_finite = torch.pow(base, tt)
+        # |1 - r lambda| < 1: the steps converge; otherwise the outputs blow up.
+        stable = base.abs() < 1.0
+        nan = torch.full_like(base, math.nan)
+        decay_inf = torch.where(stable, torch.zeros_like(base), nan)
+        gain_finite = (1.0 - decay_finite) / safe_evals
+    else:
+        decay_finite = torch.exp(-rate * evals * tt)
+        decay_inf = torch.zeros_like(evals)[None, :]
+        gain_finite = -torch.expm1(-rate * evals * tt) / safe_evals
+    decay_inf = torch.where(positive[None, :], decay_inf, torch.ones_like(decay_inf))
+    gain_inf = torch.where(
+        torch.isnan(decay_inf), decay_inf, (1.0 / safe_evals)[None, :].to(f64)
+    )
+    decay = torch.where(finite, decay_finite, decay_inf)
+    gain_pos = torch.where(finite, gain_finite, gain_inf)
+    gain_null = torch.where(finite, rate * tt, torch.zeros_like(tt))
+    gain = torch.where(positive[None, :], gain_pos, gain_null)
+    decay = torch.where(positive[None, :], decay, torch.ones_like(decay))
+    return decay, gain
+
+
+def _check_times(t: object, discrete: bool = False) -> tuple[Tensor, bool]:
+    """Times as a float64 1-D tensor and whether the input was a scalar; with
+    ``discrete`` the finite times must be whole numbers of steps."""
     if isinstance(t, Tensor):
         if t.ndim > 1:
             raise ValueError(
@@ -1065,6 +1111,9 @@ def _check_times(t: object) -> tuple[Tensor, bool]:
         raise ValueError(
             "t must hold non-negative times (inf allowed), got NaN or a negative value"
         )
+    finite = times[torch.isfinite(times)]
+    if discrete and bool((finite != finite.round()).any()):
+        raise ValueError("t must hold whole numbers of steps when discrete=True")
     return times, scalar
 
 
@@ -1076,6 +1125,7 @@ def gd_mse_predictor(
     ntk_test_train: Optional[Tensor] = None,
     f0_train: Optional[Tensor] = None,
     f0_test: Optional[Tensor] = None,
+    discrete: bool = False,
 ) -> Callable[[Union[float, Tensor]], tuple[Tensor, Optional[Tensor]]]:
     """Closed-form gradient-flow training of a linearized model on the MSE loss.
 
@@ -1101,6 +1151,13 @@ def gd_mse_predictor(
     Derived in chapter 1 (chapters/01_ntk.ipynb), section "Training dynamics in closed
     form".
 
+    ``discrete=True`` gives gradient descent itself instead of its flow: ``t`` integer
+    steps multiply the training residual by :math:`(I - \\eta\\Theta/N)^t` instead of
+    :math:`e^{-\\eta\\Theta t/N}` (Lee et al. 2019, the discrete-time form below their
+    eq. 10), and the test prediction uses
+    :math:`\\Theta^{-1}(I - (I - \\eta\\Theta/N)^t)`. It diverges when
+    :math:`\\eta\\lambda_{\\max}/N > 2`; ``t = inf`` then gives NaN.
+
     One eigendecomposition :math:`\\Theta = V\\Lambda V^\\top` (:math:`O(N^3)`) is done
     here; each call of the returned function then costs :math:`O(T N (N + M) k)` for
     ``T`` times and ``M`` test points. Computed in float64, returned in
@@ -1115,6 +1172,8 @@ def gd_mse_predictor(
             ``None``).
         f0_test: initial outputs on the test set, ``(M,)`` or ``(M, k)`` (zero if
             ``None``).
+        discrete: ``True`` for ``t`` steps of gradient descent (``t`` must then hold
+            whole numbers or ``inf``), ``False`` for the gradient flow.
 
     Returns:
         ``predict(t) -> (f_train_t, f_test_t)``: ``t`` a non-negative float (``inf``
@@ -1125,6 +1184,7 @@ def gd_mse_predictor(
     ntk_train_train, y_train, f0_train, eta = _check_mse_arguments(
         ntk_train_train, y_train, f0_train, learning_rate
     )
+    discrete = _check_discrete(discrete)
     n = ntk_train_train.shape[0]
     device = ntk_train_train.device
     out_dtype = ntk_train_train.dtype
@@ -1158,22 +1218,8 @@ def gd_mse_predictor(
         )
 
     def predict(t: Union[float, Tensor]) -> tuple[Tensor, Optional[Tensor]]:
-        times, scalar = _check_times(t)
-        times = times.to(device)
-        rate = eta * evals / n  # (N,)
-        finite = torch.isfinite(times)[:, None]
-        tt = torch.where(finite, times[:, None], torch.zeros_like(times[:, None]))
-        # decay = e^{-eta lambda t/N}; at t = inf it is 0 on the range of Theta and 1 on
-        # its null space (no gradient there).
-        decay = torch.where(finite, torch.exp(-rate * tt), (~positive).to(f64)[None, :])
-        # gain = (1 - decay) / lambda = -expm1(-eta lambda t/N) / lambda, with its
-        # limits eta t/N (lambda -> 0, finite t) and the pseudo-inverse at t = inf.
-        safe_evals = torch.where(positive, evals, torch.ones_like(evals))
-        gain_pos = torch.where(
-            finite, -torch.expm1(-rate * tt) / safe_evals, (1.0 / safe_evals)[None, :]
-        )
-        gain_null = torch.where(finite, eta * tt / n, torch.zeros_like(tt))
-        gain = torch.where(positive[None, :], gain_pos, gain_null)  # (T, N)
+        times, scalar = _check_times(t, discrete)
+        decay, gain = _decay_and_gain(evals, positive, eta / n, times.to(device), discrete)
         f_train = y + torch.einsum("nk,tk,kc->tnc", evecs, decay, residual)
         f_train = f_train.reshape((len(times), n) + tail).to(out_dtype)
         f_test = None
@@ -1195,6 +1241,7 @@ def mse_loss_curve(
     times: Union[float, Tensor],
     *,
     learning_rate: float = 1.0,
+    discrete: bool = False,
 ) -> Tensor:
     """Training loss along the gradient flow, from the spectrum of the NTK.
 
@@ -1221,25 +1268,125 @@ def mse_loss_curve(
         f0_train: initial outputs shaped like ``y_train`` (``None``: zero).
         times: non-negative time(s); ``inf`` allowed.
         learning_rate: :math:`\\eta > 0`.
+        discrete: ``True`` for whole steps of gradient descent, whose modes decay as
+            :math:`(1 - \\eta\\lambda_k/N)^{2t}` (see :func:`gd_mse_predictor`).
     """
     ntk_train_train, y_train, f0_train, eta = _check_mse_arguments(
         ntk_train_train, y_train, f0_train, learning_rate
     )
-    t, scalar = _check_times(times)
+    discrete = _check_discrete(discrete)
+    t, scalar = _check_times(times, discrete)
     n = ntk_train_train.shape[0]
-    f64 = torch.float64
     evals, _, positive, _, residual = _train_spectrum(ntk_train_train, y_train, f0_train)
     # ||v_k^T dy||^2 with dy = Y - f0 = -residual_k.
     weights = (residual**2).sum(1)  # (N,)
-    t = t.to(ntk_train_train.device)
-    finite = torch.isfinite(t)[:, None]
-    tt = torch.where(finite, t[:, None], torch.zeros_like(t[:, None]))
-    decay2 = torch.where(
-        finite, torch.exp(-2.0 * eta * evals * tt / n), (~positive).to(f64)[None, :]
-    )
-    loss = (decay2 * weights).sum(1) / (2.0 * n)
+    decay, _ = _decay_and_gain(evals, positive, eta / n, t.to(ntk_train_train.device), discrete)
+    loss = (decay**2 * weights).sum(1) / (2.0 * n)
     loss = loss.to(ntk_train_train.dtype)
     return loss[0] if scalar else loss
+
+
+class GaussianPrediction(NamedTuple):
+    """Mean and covariance of the test outputs of an ensemble of infinitely wide
+    networks (:func:`gd_mse_ensemble`)."""
+
+    mean: Tensor  #: ``(M,)`` / ``(M, k)``, or with a leading time axis ``(T, ...)``
+    covariance: Tensor  #: ``(M, M)`` (shared by the k outputs), or ``(T, M, M)``
+
+
+def gd_mse_ensemble(
+    nngp_train_train: Tensor,
+    ntk_train_train: Tensor,
+    y_train: Tensor,
+    *,
+    nngp_test_train: Tensor,
+    ntk_test_train: Tensor,
+    nngp_test_test: Tensor,
+    learning_rate: float = 1.0,
+    discrete: bool = False,
+) -> Callable[[Union[float, Tensor]], GaussianPrediction]:
+    """Output distribution of infinitely wide networks trained by gradient descent on MSE.
+
+    At initialisation the outputs of a wide network are a Gaussian process with the
+    NNGP kernel :math:`K`; with a constant NTK :math:`\\Theta` training is linear in
+    them, so the outputs at time ``t`` stay Gaussian over random initialisations (Lee et
+    al. 2019, eqs. 14-16). With :math:`A_t = \\Theta(X^*, X)\\,\\Theta^{-1}(I -
+    D_t)`, where :math:`D_t = e^{-\\eta\\Theta t/N}` (flow) or :math:`(I -
+    \\eta\\Theta/N)^t` (``discrete``, ``t`` whole steps):
+
+    .. math::
+        \\mu_t(X^*) &= A_t Y,\\\\
+        \\Sigma_t(X^*, X^*) &= K(X^*, X^*) + A_t K(X, X) A_t^\\top
+        - A_t K(X, X^*) - K(X^*, X) A_t^\\top .
+
+    The loss and time conventions are those of :func:`gd_mse_predictor` (loss
+    :math:`\\frac{1}{2N}\\lVert f(X) - Y\\rVert_F^2`); neural-tangents'
+    ``predict.gradient_descent_mse_ensemble`` divides by :math:`Nk` instead, so its
+    ``learning_rate`` is ours times ``k``. Each of the ``k`` output columns is an
+    independent draw with the same covariance. Derived in chapter 1
+    (chapters/01_ntk.ipynb), section "The output distribution of an infinitely wide
+    ensemble".
+
+    Cost: one eigendecomposition :math:`O(N^3)`, then :math:`O(T (M N^2 + M^2 N))` per
+    call for ``T`` times and ``M`` test points. Float64 inside, returned in
+    ``ntk_train_train``'s dtype.
+
+    Args:
+        nngp_train_train: :math:`K(X, X)`, ``(N, N)``.
+        ntk_train_train: :math:`\\Theta(X, X)`, ``(N, N)`` symmetric PSD.
+        y_train: ``(N,)`` or ``(N, k)`` targets.
+        nngp_test_train: :math:`K(X^*, X)`, ``(M, N)``.
+        ntk_test_train: :math:`\\Theta(X^*, X)`, ``(M, N)``.
+        nngp_test_test: :math:`K(X^*, X^*)`, ``(M, M)``.
+        learning_rate: :math:`\\eta > 0`.
+        discrete: ``True`` for whole steps of gradient descent, ``False`` for the flow.
+
+    Returns:
+        ``predict(t) -> GaussianPrediction(mean, covariance)``; ``t`` a float (``inf``
+        allowed) or a 1-D tensor of ``T`` times (a leading time axis on both fields).
+    """
+    ntk_train_train, y_train, _, eta = _check_mse_arguments(
+        ntk_train_train, y_train, None, learning_rate
+    )
+    discrete = _check_discrete(discrete)
+    n = ntk_train_train.shape[0]
+    device = ntk_train_train.device
+    nngp_train_train = _check_like(
+        "nngp_train_train", nngp_train_train, (n, n), device
+    )
+    ntk_test_train = check_tensor("ntk_test_train", ntk_test_train, ndim=2)
+    if ntk_test_train.shape[1] != n:
+        raise ValueError(
+            f"ntk_test_train must have N = {n} columns (one per training point), got "
+            f"shape {tuple(ntk_test_train.shape)}"
+        )
+    m = ntk_test_train.shape[0]
+    nngp_test_train = _check_like("nngp_test_train", nngp_test_train, (m, n), device)
+    nngp_test_test = _check_like("nngp_test_test", nngp_test_test, (m, m), device)
+    out_dtype = ntk_train_train.dtype
+    tail = tuple(y_train.shape[1:])
+    f64 = torch.float64
+    evals, evecs, positive, y, _ = _train_spectrum(ntk_train_train, y_train, None)
+    test_basis = ntk_test_train.to(f64) @ evecs  # Theta(X*, X) V, (M, N)
+    k_train = evecs.T @ nngp_train_train.to(f64) @ evecs  # V^T K V, (N, N)
+    k_cross = nngp_test_train.to(f64) @ evecs  # K(X*, X) V, (M, N)
+    k_test = nngp_test_test.to(f64)
+    y_basis = evecs.T @ y  # (N, k)
+
+    def predict(t: Union[float, Tensor]) -> GaussianPrediction:
+        times, scalar = _check_times(t, discrete)
+        _, gain = _decay_and_gain(evals, positive, eta / n, times.to(device), discrete)
+        a_basis = test_basis[None] * gain[:, None, :]  # A_t V = Theta* V diag(gain), (T, M, N)
+        mean = a_basis @ y_basis  # (T, M, k)
+        cross = a_basis @ k_cross.T  # A_t K(X, X*), (T, M, M)
+        cov = k_test + a_basis @ k_train @ a_basis.transpose(1, 2) - cross - cross.transpose(1, 2)
+        mean = mean.reshape((len(times), m) + tail).to(out_dtype)
+        cov = cov.to(out_dtype)
+        if scalar:
+            return GaussianPrediction(mean[0], cov[0])
+        return GaussianPrediction(mean, cov)
+
+    return predict
 
 
 # --------------------------------------------------------------------------------------

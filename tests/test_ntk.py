@@ -21,7 +21,9 @@ from kernels.ntk import (
     NTKResult,
     empirical_ntk,
     fc_kernel,
+    GaussianPrediction,
     fc_network,
+    gd_mse_ensemble,
     gd_mse_predictor,
     linearize,
     mse_loss_curve,
@@ -768,3 +770,174 @@ def test_linearize_bad_arguments():
     frozen.requires_grad_(False)
     with pytest.raises(ValueError, match="trainable"):
         linearize(frozen)
+
+
+# --------------------------------------------------------------------------------------
+# discrete-time predictor, gd_mse_ensemble
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("eta", [0.05, 0.9, 2.5])
+@pytest.mark.parametrize("k", [None, 3])
+def test_discrete_predictor_matches_explicit_gradient_descent(eta, k):
+    # A linear model's GD is exactly f_{s+1} = f_s - eta/N Theta (f_s - Y): iterate it.
+    k_tt, k_st, y, f0, f0_test = _regression_problem(k=k, seed=11)
+    n = y.shape[0]
+    predict = gd_mse_predictor(
+        k_tt, y, learning_rate=eta, ntk_test_train=k_st, f0_train=f0, f0_test=f0_test,
+        discrete=True,
+    )
+    steps = [0, 1, 2, 7, 30]
+    f_train, f_test = predict(torch.tensor(steps, dtype=F64))
+    curve = mse_loss_curve(k_tt, y, f0, torch.tensor(steps, dtype=F64), learning_rate=eta,
+                           discrete=True)
+    ft, fs = f0.clone(), f0_test.clone()
+    for s in range(steps[-1] + 1):
+        if s in steps:
+            i = steps.index(s)
+            scale = 1 + float(ft.abs().max())
+            torch.testing.assert_close(f_train[i], ft, rtol=1e-9, atol=1e-9 * scale)
+            torch.testing.assert_close(f_test[i], fs, rtol=1e-9, atol=1e-9 * scale)
+            loss = float(((ft - y) ** 2).sum() / (2 * n))
+            assert abs(float(curve[i]) - loss) <= 1e-9 * (1 + loss)
+        residual = ft - y
+        ft = ft - eta / n * k_tt @ residual
+        fs = fs - eta / n * k_st @ residual
+
+
+def test_discrete_predictor_approaches_flow_and_diverges_past_two():
+    k_tt, k_st, y, f0, f0_test = _regression_problem(seed=12)
+    n = y.shape[0]
+    lam_max = float(torch.linalg.eigvalsh(k_tt)[-1])
+    # Small steps: s steps of size eta/r approximate the flow at time s/r.
+    eta = 0.5 * n / lam_max
+    flow = gd_mse_predictor(k_tt, y, learning_rate=eta, ntk_test_train=k_st, f0_train=f0,
+                            f0_test=f0_test)
+    fine = gd_mse_predictor(k_tt, y, learning_rate=eta / 200, ntk_test_train=k_st,
+                            f0_train=f0, f0_test=f0_test, discrete=True)
+    for a, b in zip(flow(4.0), fine(800.0)):
+        torch.testing.assert_close(a, b, rtol=5e-3, atol=5e-3)
+    # t = inf: kernel regression below eta lambda_max / N = 2, NaN (divergence) above it.
+    stable = gd_mse_predictor(k_tt, y, learning_rate=1.9 * n / lam_max, ntk_test_train=k_st,
+                              discrete=True)(float("inf"))
+    torch.testing.assert_close(stable[1], k_st @ torch.linalg.solve(k_tt, y))
+    unstable = gd_mse_predictor(k_tt, y, learning_rate=2.1 * n / lam_max, ntk_test_train=k_st,
+                                discrete=True)
+    assert torch.isnan(unstable(float("inf"))[1]).all()
+    grown = mse_loss_curve(k_tt, y, None, torch.tensor([0.0, 50.0]), learning_rate=2.1 * n / lam_max,
+                           discrete=True)
+    assert float(grown[1]) > 10 * float(grown[0])
+
+
+def test_discrete_predictor_bad_arguments():
+    k_tt, k_st, y, _, _ = _regression_problem()
+    with pytest.raises(ValueError, match="whole numbers"):
+        gd_mse_predictor(k_tt, y, discrete=True)(0.5)
+    with pytest.raises(ValueError, match="whole numbers"):
+        mse_loss_curve(k_tt, y, None, torch.tensor([1.0, 2.5]), discrete=True)
+    with pytest.raises(TypeError, match="discrete"):
+        gd_mse_predictor(k_tt, y, discrete=1)
+    with pytest.raises(TypeError, match="discrete"):
+        mse_loss_curve(k_tt, y, None, 1.0, discrete="yes")
+
+
+def _ensemble_problem(activation="relu", depth=2, n_train=10, n_test=6, seed=0):
+    x = randn(n_train + n_test, 3, seed=seed)
+    res = fc_kernel(x, depth=depth, activation=activation, W_std=1.2, b_std=0.1)
+    tr, te = slice(0, n_train), slice(n_train, None)
+    return x, res, tr, te
+
+
+@pytest.mark.parametrize("activation,depth", [("relu", 1), ("relu", 3), ("erf", 2)])
+@pytest.mark.parametrize("k", [None, 2])
+def test_gd_mse_ensemble_matches_neural_tangents(nt_ref, activation, depth, k):
+    nt, stax, jnp = nt_ref["nt"], nt_ref["stax"], nt_ref["jnp"]
+    x, res, tr, te = _ensemble_problem(activation, depth)
+    n_outputs = 1 if k is None else k
+    y = randn(*((10,) if k is None else (10, k)), seed=3)
+    eta = 0.8
+    predict = gd_mse_ensemble(
+        res.nngp[tr, tr], res.ntk[tr, tr], y, nngp_test_train=res.nngp[te, tr],
+        ntk_test_train=res.ntk[te, tr], nngp_test_test=res.nngp[te, te], learning_rate=eta,
+    )
+    _, _, kernel_fn = nt_mlp(stax, 64, depth, 1, activation, 1.2, 0.1, "ntk")
+    y_nt = y.numpy()[:, None] if k is None else y.numpy()
+    predict_nt = nt.predict.gradient_descent_mse_ensemble(
+        kernel_fn, jnp.asarray(x[tr].numpy()), jnp.asarray(y_nt), learning_rate=eta * n_outputs,
+        diag_reg=0.0,
+    )
+    for t in (0.0, 0.7, 5.0, 60.0, None):
+        ours = predict(float("inf") if t is None else t)
+        assert isinstance(ours, GaussianPrediction)
+        ref = predict_nt(t=t, x_test=jnp.asarray(x[te].numpy()), get="ntk", compute_cov=True)
+        np.testing.assert_allclose(ours.mean.reshape(ref.mean.shape), ref.mean, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(ours.covariance, ref.covariance, rtol=1e-6, atol=1e-8)
+
+
+def test_gd_mse_ensemble_closed_form_limits_and_time_axis():
+    x, res, tr, te = _ensemble_problem(seed=4)
+    y = randn(10, 3, seed=5)
+    args = dict(nngp_test_train=res.nngp[te, tr], ntk_test_train=res.ntk[te, tr],
+                nngp_test_test=res.nngp[te, te], learning_rate=1.3)
+    predict = gd_mse_ensemble(res.nngp[tr, tr], res.ntk[tr, tr], y, **args)
+    # t = 0: the NNGP prior, mean zero.
+    start = predict(0.0)
+    torch.testing.assert_close(start.mean, torch.zeros(6, 3, dtype=F64))
+    torch.testing.assert_close(start.covariance, res.nngp[te, te])
+    # t = inf: Lee et al. eq. 16 with A = Theta* Theta^-1, written with explicit inverses.
+    a = res.ntk[te, tr] @ torch.linalg.inv(res.ntk[tr, tr])
+    k_xx, k_sx = res.nngp[tr, tr], res.nngp[te, tr]
+    cov_inf = res.nngp[te, te] + a @ k_xx @ a.T - a @ k_sx.T - k_sx @ a.T
+    end = predict(float("inf"))
+    torch.testing.assert_close(end.mean, a @ y, rtol=1e-8, atol=1e-9)
+    torch.testing.assert_close(end.covariance, cov_inf, rtol=1e-7, atol=1e-9)
+    # Time axis, and the mean equals gd_mse_predictor with f0 = 0 (flow and discrete).
+    for discrete, times in ((False, [0.0, 2.5, 40.0]), (True, [0.0, 3.0, 40.0])):
+        many = gd_mse_ensemble(res.nngp[tr, tr], res.ntk[tr, tr], y, discrete=discrete, **args)(
+            torch.tensor(times, dtype=F64))
+        assert many.mean.shape == (3, 6, 3) and many.covariance.shape == (3, 6, 6)
+        _, f_test = gd_mse_predictor(res.ntk[tr, tr], y, learning_rate=1.3, discrete=discrete,
+                                     ntk_test_train=res.ntk[te, tr])(torch.tensor(times, dtype=F64))
+        torch.testing.assert_close(many.mean, f_test)
+        torch.testing.assert_close(many.covariance, many.covariance.transpose(1, 2))
+        assert float(torch.linalg.eigvalsh(many.covariance).min()) > -1e-9
+
+
+def test_gd_mse_ensemble_matches_monte_carlo_of_linear_model():
+    # Independent check of the covariance: a linear model with Gaussian initial outputs
+    # f0 ~ N(0, K) trained by discrete GD, sampled many times.
+    x, res, tr, te = _ensemble_problem(seed=6, n_train=5, n_test=3)
+    k_full, theta = res.nngp, res.ntk
+    y = randn(5, seed=7)
+    eta, steps, samples = 1.0, 6, 200000
+    chol = torch.linalg.cholesky(k_full + 1e-12 * torch.eye(8, dtype=F64))
+    f0 = randn(samples, 8, seed=8) @ chol.T  # (S, N + M)
+    ft, fs = f0[:, :5].clone(), f0[:, 5:].clone()
+    for _ in range(steps):
+        residual = ft - y
+        ft = ft - eta / 5 * residual @ theta[tr, tr].T
+        fs = fs - eta / 5 * residual @ theta[te, tr].T
+    pred = gd_mse_ensemble(k_full[tr, tr], theta[tr, tr], y, nngp_test_train=k_full[te, tr],
+                           ntk_test_train=theta[te, tr], nngp_test_test=k_full[te, te],
+                           learning_rate=eta, discrete=True)(float(steps))
+    emp_cov = torch.cov(fs.T)
+    scale = float(pred.covariance.diagonal().max())
+    torch.testing.assert_close(fs.mean(0), pred.mean, rtol=0, atol=0.02 * math.sqrt(scale))
+    torch.testing.assert_close(emp_cov, pred.covariance, rtol=0, atol=0.02 * scale)
+
+
+def test_gd_mse_ensemble_bad_arguments():
+    x, res, tr, te = _ensemble_problem()
+    y = randn(10, seed=9)
+    good = dict(nngp_test_train=res.nngp[te, tr], ntk_test_train=res.ntk[te, tr],
+                nngp_test_test=res.nngp[te, te])
+    with pytest.raises(ValueError, match="nngp_train_train"):
+        gd_mse_ensemble(res.nngp[:3, :3], res.ntk[tr, tr], y, **good)
+    with pytest.raises(ValueError, match="nngp_test_test"):
+        gd_mse_ensemble(res.nngp[tr, tr], res.ntk[tr, tr], y, **{**good, "nngp_test_test": res.nngp[:2, :2]})
+    with pytest.raises(ValueError, match="ntk_test_train"):
+        gd_mse_ensemble(res.nngp[tr, tr], res.ntk[tr, tr], y, **{**good, "ntk_test_train": res.ntk[te, :3]})
+    with pytest.raises(ValueError, match="learning_rate"):
+        gd_mse_ensemble(res.nngp[tr, tr], res.ntk[tr, tr], y, learning_rate=-1.0, **good)
+    with pytest.raises(ValueError, match="whole numbers"):
+        gd_mse_ensemble(res.nngp[tr, tr], res.ntk[tr, tr], y, discrete=True, **good)(1.5)
