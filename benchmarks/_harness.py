@@ -37,6 +37,8 @@ __all__ = [
     "cpu_name",
     "machine_info",
     "time_interleaved",
+    "summarize",
+    "native_libraries",
     "peak_memory_of_call",
     "run_worker",
     "write_results",
@@ -55,13 +57,40 @@ def cpu_name() -> str:
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} logical cores)"
 
 
+def native_libraries() -> str:
+    """The BLAS and OpenMP libraries loaded in this process, as ``threadpoolctl`` sees them.
+
+    e.g. ``"openblas 0.3.30 (Haswell, 2 threads); openmp (libgomp, 2 threads)"``.
+    """
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:  # pragma: no cover - scikit-learn depends on it
+        return "unknown (threadpoolctl not installed)"
+    import numpy  # noqa: F401 - load numpy's BLAS so that it is listed
+    import torch  # noqa: F401 - and torch's OpenMP
+
+    parts = []
+    for lib in threadpool_info():
+        detail = ", ".join(str(x) for x in (lib.get("architecture"), f"{lib.get('num_threads')} threads") if x)
+        name = lib.get("internal_api", "?") + (f" {lib['version']}" if lib.get("version") else "")
+        parts.append(f"{name} ({detail})")
+    return "; ".join(sorted(set(parts))) or "none found"
+
+
 def machine_info(**versions: str) -> dict[str, Any]:
-    """The ``machine`` record of a results file: CPU, torch threads, versions, date."""
+    """The ``machine`` record of a results file, the same keys in every benchmark.
+
+    CPU model and logical cores, torch threads, the BLAS/OpenMP libraries and their
+    thread counts (``threadpoolctl``), 1-minute load average at the start, torch version,
+    then ``versions`` (other libraries' versions, or notes), then the date.
+    """
     import torch
 
     info: dict[str, Any] = {
         "cpu": cpu_name(),
         "torch_threads": torch.get_num_threads(),
+        "native_libraries": native_libraries(),
+        "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "torch": torch.__version__,
     }
     info.update(versions)
@@ -79,7 +108,9 @@ def time_interleaved(
     measured) precede every timed call, so that the worker threads of the previous
     implementation (OpenMP, XLA's pool), which spin for a while after their work, are
     asleep when the next one starts. Returns, per name, ``first_s`` (the warm-up call,
-    compilation included), ``median_s`` and ``min_s`` over ``repeats`` rounds.
+    compilation included), and over ``repeats`` rounds ``median_s``, ``min_s``, the
+    quartiles ``q1_s`` and ``q3_s`` and the interquartile range ``iqr_s`` (the spread
+    reported beside each median).
     """
     out: dict[str, dict[str, float]] = {}
     for name, fn in fns.items():
@@ -97,9 +128,20 @@ def time_interleaved(
             fn()
             samples[name].append(time.perf_counter() - t0)
     for name, values in samples.items():
-        out[name]["median_s"] = statistics.median(values)
-        out[name]["min_s"] = min(values)
+        out[name].update(summarize(values))
     return out
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    """``median_s``, ``min_s``, quartiles ``q1_s``/``q3_s`` and ``iqr_s`` of timed rounds."""
+    if not values:
+        raise ValueError("values must hold at least one timing")
+    if len(values) >= 2:
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    else:
+        q1 = q3 = values[0]
+    return {"median_s": statistics.median(values), "min_s": min(values),
+            "q1_s": q1, "q3_s": q3, "iqr_s": q3 - q1}
 
 
 def _status_mib(key: str) -> Optional[float]:
@@ -188,11 +230,15 @@ def markdown_table(
     after the case; ``fastest`` adds the rows' ``speedup_of_min``; ``memory=False``
     drops the two peak-memory columns (with them, a row without ``*_peak_mb`` shows
     "n/a"). Times under one second are printed in ms with ``ms_decimals`` decimals.
-    Rows without a goal leave "goal" and "met" empty.
+    Rows without a goal leave "goal" and "met" empty. A row with ``ours_iqr_s`` /
+    ``ref_iqr_s`` shows the interquartile range beside the median.
     """
 
-    def fmt_s(v: float) -> str:
-        return f"{v * 1e3:.{ms_decimals}f} ms" if v < 1 else f"{v:.2f} s"
+    def fmt_s(v: float, iqr: Optional[float] = None) -> str:
+        text = f"{v * 1e3:.{ms_decimals}f} ms" if v < 1 else f"{v:.2f} s"
+        if iqr is not None:  # the interquartile range of the timed rounds
+            text += f" (IQR {iqr * 1e3:.{ms_decimals}f} ms)" if v < 1 else f" (IQR {iqr:.2f} s)"
+        return text
 
     def fmt_mb(v: Optional[float]) -> str:
         return "n/a" if v is None else f"{v:.0f}"
@@ -207,8 +253,8 @@ def markdown_table(
         goal = r.get("goal") or ""
         met = ("yes" if r.get("goal_met") else "**NO**") if goal else ""
         cells = [str(r["case"])] + ([str(r[size_key])] if size_key else [])
-        cells += [str(r["shape"]), str(r["ours"]), fmt_s(r["ours_s"]), str(r["ref"])]
-        cells += [fmt_s(r["ref_s"]), f"{r['speedup']:.2f}x"]
+        cells += [str(r["shape"]), str(r["ours"]), fmt_s(r["ours_s"], r.get("ours_iqr_s")), str(r["ref"])]
+        cells += [fmt_s(r["ref_s"], r.get("ref_iqr_s")), f"{r['speedup']:.2f}x"]
         cells += [f"{r['speedup_of_min']:.2f}x"] if fastest else []
         if memory:
             cells += [fmt_mb(r.get("ours_peak_mb")), fmt_mb(r.get("ref_peak_mb"))]
@@ -230,7 +276,7 @@ def write_results(
     json_path = out_dir / f"{stem}.json"
     md_path = out_dir / f"{stem}.md"
     payload = {"benchmark": name, "machine": machine, "rows": rows}
-    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+    _atomic_write(json_path, json.dumps(payload, indent=2) + "\n")
     header = [
         f"# Benchmark `{name}`",
         "",
@@ -241,5 +287,11 @@ def write_results(
         notes.strip(),
         "",
     ]
-    md_path.write_text("\n".join(header))
+    _atomic_write(md_path, "\n".join(header))
     return json_path, md_path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    from nnk_book.files import atomic_write_text
+
+    atomic_write_text(path, text)

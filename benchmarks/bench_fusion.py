@@ -52,7 +52,9 @@ def row(case, shape, k, timings, ours="fused", ref="original", goal=None, goal_r
     out = {
         "case": case, "shape": shape, "k": k,
         "ours": f"fused FFN, k = {k}", "ours_s": timings[ours]["median_s"],
+        "ours_iqr_s": timings[ours]["iqr_s"],
         "ref": "original FFN, p_I = 1536", "ref_s": timings[ref]["median_s"],
+        "ref_iqr_s": timings[ref]["iqr_s"],
         "speedup": speedup,
     }
     if goal is not None:

@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import RESULTS_DIR, machine_info, markdown_table, time_interleaved  # noqa: E402
+from _harness import RESULTS_DIR, machine_info, markdown_table, summarize, time_interleaved  # noqa: E402
 
 from kernels.toeplitz import FDTNO, SKITNO, TNO, toeplitz_dense, toeplitz_matvec  # noqa: E402
 
@@ -80,8 +80,10 @@ def _row(
         "shape": shape,
         "ours": ours,
         "ours_s": ours_t["median_s"],
+        "ours_iqr_s": ours_t.get("iqr_s"),
         "ref": ref,
         "ref_s": ref_t["median_s"],
+        "ref_iqr_s": ref_t.get("iqr_s"),
         "speedup": speedup,
         "goal": goal,
         "goal_met": None if need is None else bool(speedup >= need if need > 1 else speedup > need),
@@ -145,8 +147,7 @@ def _time_shuffled(
             fns[name]()
             samples[name].append(time.perf_counter() - t0)
     for name, values in samples.items():
-        out[name]["median_s"] = statistics.median(values)
-        out[name]["min_s"] = min(values)
+        out[name].update(summarize(values))
     return out
 
 

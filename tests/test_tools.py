@@ -75,3 +75,22 @@ def test_lab_kernel_imports_this_project() -> None:
                           capture_output=True, text=True, cwd=ROOT / "chapters", timeout=120)
     assert proc.returncode == 0, proc.stderr[-1000:]
     assert proc.stdout.strip().startswith(str(ROOT / "kernels"))
+
+
+def test_benchmark_harness_reports_spread_and_machine() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _harness
+
+    stats = _harness.summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert stats["median_s"] == 3.0 and stats["min_s"] == 1.0
+    assert stats["q1_s"] == 2.0 and stats["q3_s"] == 4.0 and stats["iqr_s"] == 2.0
+    with pytest.raises(ValueError):
+        _harness.summarize([])
+    timed = _harness.time_interleaved({"a": lambda: None, "b": lambda: None}, 5)
+    assert set(timed["a"]) >= {"first_s", "median_s", "min_s", "q1_s", "q3_s", "iqr_s"}
+    machine = _harness.machine_info()
+    assert {"cpu", "torch_threads", "native_libraries", "load_average_1min", "torch", "date"} <= set(machine)
+    row = {"case": "c", "shape": "s", "ours": "o", "ours_s": 0.002, "ours_iqr_s": 0.0001,
+           "ref": "r", "ref_s": 0.004, "ref_iqr_s": 0.0002, "speedup": 2.0}
+    table = _harness.markdown_table([row], memory=False)
+    assert "2.0 ms (IQR 0.1 ms)" in table and "4.0 ms (IQR 0.2 ms)" in table
