@@ -208,3 +208,19 @@ def test_code_hash_ignores_prose(tmp_path) -> None:
     nb.cells[1].source = "x = 2"
     nbformat.write(nb, str(path))
     assert code_hash(path) != before
+
+
+def test_configure_torch_sets_threads_and_seed(monkeypatch) -> None:
+    saved = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        line = nnk_book.configure_torch(3)
+        assert torch.get_num_threads() == 1 and line.endswith("1 thread")
+        a = torch.rand(3)
+        nnk_book.configure_torch(3, threads=1)
+        assert torch.equal(a, torch.rand(3))
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(ValueError, match="threads"):
+                nnk_book.configure_torch(0, threads=bad)
+    finally:
+        torch.set_num_threads(saved)

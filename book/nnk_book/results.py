@@ -102,3 +102,24 @@ def html_table(header: Sequence[object], rows: Iterable[Sequence[object]], *, es
     body = "".join(row_html(r, "td") for r in rows)
     return HTML(f'<table class="nnk-table"><thead>{row_html(header, "th")}</thead>'
                 f"<tbody>{body}</tbody></table>")
+
+
+def configure_torch(seed: int, threads: int | None = None) -> str:
+    """Set torch's thread count and global seed the way every chapter does; describe it.
+
+    ``threads`` defaults to ``$OMP_NUM_THREADS`` (the chapter runner sets it so that
+    chapters running side by side share the cores), else every core. The global seed is
+    a safeguard for library internals: the chapters draw from :func:`generator`.
+    Returns a line such as ``"torch 2.13.0+cpu, 1 thread"`` for the chapter to print.
+    """
+    import os
+
+    if threads is None:
+        threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    generator(seed)  # validates the seed
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    n = torch.get_num_threads()
+    return f"torch {torch.__version__}, {n} thread{'s' if n != 1 else ''}"
