@@ -43,7 +43,7 @@ def ffn(p: int, p_inner: int, seed: int) -> nn.Sequential:
 
 
 def fused_ffn(original: nn.Sequential, k: int) -> nn.Sequential:
-    l1, l2 = fuse_mlp(original[0], original[2], k, n_init=1, max_iter=20, seed=0)
+    l1, l2 = fuse_mlp(original[0], original[2], k, n_init=1, max_iter=20, generator=torch.Generator().manual_seed(0))
     return nn.Sequential(l1, nn.GELU(), l2).eval()
 
 
@@ -106,7 +106,8 @@ def main() -> None:
         except ModelUnavailableError as err:  # the model package is optional for this benchmark
             print(f"skipping minilm_forward: {err}")
     if minilm is not None:
-        fused_model = compress_model(minilm, 384, layers=[2, 3, 4, 5], method="fusion", n_init=1, max_iter=20)
+        fused_model = compress_model(minilm, 384, layers=[2, 3, 4, 5], method="fusion", n_init=1, max_iter=20,
+                                     generator=torch.Generator().manual_seed(0))
         ids = torch.randint(1000, 20000, (16, 64), generator=torch.Generator().manual_seed(0))
         mask = torch.ones_like(ids)
         with torch.no_grad():

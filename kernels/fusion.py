@@ -19,9 +19,10 @@ Fine-tuning* ("the paper"). It holds
   non-trainable scaling between the activation and :math:`\\widetilde W_2`
   (:func:`fuse_mlp`, :class:`CompressedLinear`);
 * the baselines of Section 5.3 behind one interface (:func:`compress_mlp`, ``method=``):
-  plain clustering (:math:`P^{1/2}` folded into both sides), truncated SVD, Gaussian
-  sketching, unstructured magnitude pruning at the same parameter budget, and MMD
-  minimisation;
+  plain clustering (:math:`P^{1/2}` folded into both sides), truncated SVD in factored
+  low-rank form (:class:`LowRankLinear`), Gaussian sketching, unstructured magnitude pruning
+  at the same parameter budget, MMD minimisation (Appendix A.2, eqs. 8-10, :func:`mmd2`) and
+  a uniformly random subset of the sub-MLPs with rescaled output weights;
 * the same compression applied to chosen FFN blocks of a model: a ``Sequential(Linear,
   activation, Linear)`` or a BERT-style transformer (``encoder.layer[i].intermediate.dense``
   and ``encoder.layer[i].output.dense``) (:func:`find_ffn_blocks`,
@@ -31,7 +32,9 @@ Fine-tuning* ("the paper"). It holds
   f(z)\\rangle` (eq. 2, :func:`sgd_kernel`) and the asymmetric sign-GD ("Adam") kernel
   :math:`\\langle\\nabla f(x),\\operatorname{sign}\\nabla f(z)\\rangle` (eq. 3,
   :func:`sign_kernel`), the kernel error and the FFN output error
-  (:func:`kernel_error`, :func:`ffn_output_error`);
+  (:func:`kernel_error`, :func:`ffn_output_error`) and two scale-invariant measures, the
+  cosine similarity of two kernel matrices and the error after the best scalar rescale
+  (:func:`kernel_cosine`, :func:`scaled_kernel_error`);
 * the layer-wise task-specific tuning of eq. 6 (:func:`layerwise_tuning`).
 
 The SGD kernel restricted to the MLP parameters agrees with :func:`kernels.ntk.empirical_ntk`
@@ -43,7 +46,8 @@ batched backward pass.
 Conventions: weights follow ``torch.nn.Linear`` (``weight`` is ``(out, in)``), so the
 paper's :math:`W_1 \\in \\mathbb R^{p\\times p_I}` is ``linear1.weight.T`` and
 :math:`W_2 \\in \\mathbb R^{p_I\\times p}` is ``linear2.weight.T``. Randomness comes from an
-explicit ``seed``; nothing touches torch's global generator.
+explicit ``generator`` (a ``torch.Generator`` on the CPU; ``None`` means a fresh one seeded
+with 0), the package's convention; nothing touches torch's global generator.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from kernels._checks import check_choice, check_positive_int, check_tensor
 __all__ = [
     "METHODS",
     "CompressedLinear",
+    "LowRankLinear",
     "KMeansResult",
     "FFNBlock",
     "sub_mlp_embeddings",
@@ -80,13 +85,18 @@ __all__ = [
     "sgd_kernel",
     "sign_kernel",
     "kernel_error",
+    "kernel_cosine",
+    "scaled_kernel_error",
+    "mmd2",
+    "MMDSupport",
+    "mmd_support",
     "ffn_output_error",
     "layerwise_tuning",
 ]
 
-#: Compression methods of :func:`compress_mlp`: the paper's MLP fusion and the baselines
-#: of its Section 5.3.
-METHODS = ("fusion", "clustering", "svd", "sketch", "pruning", "mmd")
+#: Compression methods of :func:`compress_mlp`: the paper's MLP fusion, the baselines
+#: of its Section 5.3, and a uniformly random subset of the sub-MLPs ("random").
+METHODS = ("fusion", "clustering", "svd", "sketch", "pruning", "mmd", "random")
 
 
 # --------------------------------------------------------------------------------------
@@ -161,6 +171,58 @@ class CompressedLinear(nn.Module):
     def extra_repr(self) -> str:
         pruned = "" if self.mask is None else f", kept={int(self.mask.sum())}"
         return f"in_features={self.in_features}, out_features={self.out_features}{pruned}"
+
+
+class LowRankLinear(nn.Module):
+    """A factored affine map ``y = x @ v.T @ u.T + bias`` with trainable factors
+    ``u`` ``(out, r)`` and ``v`` ``(r, in)``: the truncated-SVD baseline of Section 5.3 in
+    compressed form, :math:`W \\approx \\widetilde U\\widetilde S\\widetilde V^T` stored as
+    ``u = U_r S_r^{1/2}``, ``v = S_r^{1/2} V_r^T`` (the singular values split evenly, so
+    neither factor dominates the gradients). It has ``r (in + out)`` weights instead of
+    ``in * out`` and costs :math:`O(r(\\text{in} + \\text{out}))` per row.
+
+    Shapes: ``x`` is ``(..., in)``, the output ``(..., out)``. Chapter 6, section "The
+    baselines".
+    """
+
+    def __init__(self, u: Tensor, v: Tensor, bias: Optional[Tensor]) -> None:
+        super().__init__()
+        u = check_tensor("u", u, ndim=2)
+        v = check_tensor("v", v, ndim=2)
+        if u.shape[1] != v.shape[0]:
+            raise ValueError(f"u (out, r) and v (r, in) must share r, got {tuple(u.shape)} and {tuple(v.shape)}")
+        self.u = nn.Parameter(u.detach().clone())
+        self.v = nn.Parameter(v.detach().clone().to(u.dtype))
+        if bias is None:
+            self.bias = None
+        else:
+            bias = check_tensor("bias", bias, ndim=1)
+            if bias.shape[0] != u.shape[0]:
+                raise ValueError(f"bias must have length {u.shape[0]} (u's rows), got {bias.shape[0]}")
+            self.bias = nn.Parameter(bias.detach().clone().to(u.dtype))
+
+    @property
+    def in_features(self) -> int:
+        return self.v.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.u.shape[0]
+
+    @property
+    def rank(self) -> int:
+        return self.u.shape[1]
+
+    def effective_weight(self) -> Tensor:
+        """``u @ v`` ``(out, in)``: the dense matrix the factors represent."""
+        return self.u @ self.v
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.linear(F.linear(x, self.v), self.u)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
 
 
 def _as_compressed(linear: nn.Module) -> CompressedLinear:
@@ -292,13 +354,15 @@ def kmeans(
     n_init: int = 3,
     max_iter: int = 100,
     tol: float = 1e-8,
-    seed: int = 0,
+    generator: Optional[torch.Generator] = None,
+    init: str = "k-means++",
 ) -> KMeansResult:
-    """k-means clustering (Lloyd's algorithm) with greedy k-means++ seeding and ``n_init``
-    restarts; the restart with the lowest inertia wins.
+    """k-means clustering (Lloyd's algorithm) with greedy k-means++ seeding (or ``k``
+    distinct points drawn uniformly, ``init="random"``) and ``n_init`` restarts; the
+    restart with the lowest inertia wins.
 
-    Deterministic for a given ``seed`` (all draws come from one ``torch.Generator``
-    seeded with it; the arithmetic runs in float64 on the CPU). A cluster that empties
+    Deterministic for a given ``generator`` state (all draws come from it; the arithmetic
+    runs in float64 on the CPU). A cluster that empties
     during the iterations is re-seeded with the point farthest from its centroid, so
     every one of the ``k`` clusters is non-empty when the points have at least ``k``
     distinct values. With ``k = n`` distinct points every point is its own cluster.
@@ -309,7 +373,8 @@ def kmeans(
         n_init: restarts; max_iter: Lloyd iterations per restart; tol: stop when the
             squared centroid shift (summed) is at most ``tol`` relative to the data's
             mean squared norm.
-        seed: integer seed.
+        generator: a CPU ``torch.Generator`` (``None``: a fresh one seeded with 0).
+        init: ``"k-means++"`` (greedy k-means++) or ``"random"`` (uniform draw of points).
 
     Returns:
         :class:`KMeansResult` with the labels ``(n,)``, centroids ``(k, d)`` (float64),
@@ -325,16 +390,18 @@ def kmeans(
         raise ValueError(f"k must be at most the number of points ({n}), got {k}")
     n_init = check_positive_int("n_init", n_init)
     max_iter = check_positive_int("max_iter", max_iter)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {seed!r}")
+    gen = _generator(generator)
+    init = check_choice("init", init, ("k-means++", "random"))
     x = points.detach().to("cpu", torch.float64)
     x_sq = (x * x).sum(1)
     scale = float(x_sq.mean()) or 1.0
-    gen = torch.Generator().manual_seed(seed)
     best = None
     for _ in range(n_init):
-        init = _kmeans_pp(x, x_sq, k, gen)
-        labels, centroids, inertia, n_iter = _lloyd(x, x_sq, init, max_iter, tol * scale)
+        if init == "k-means++":
+            start = _kmeans_pp(x, x_sq, k, gen)
+        else:
+            start = x[torch.randperm(n, generator=gen)[:k]].clone()
+        labels, centroids, inertia, n_iter = _lloyd(x, x_sq, start, max_iter, tol * scale)
         if best is None or inertia < best.inertia:
             best = KMeansResult(labels, centroids, inertia, n_iter)
     return best
@@ -386,58 +453,155 @@ def _check_k(k: object, p_inner: int) -> int:
     return k
 
 
-def _seed(seed: object) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {seed!r}")
-    return seed
+def _generator(generator: object) -> torch.Generator:
+    """The package convention: an explicit CPU ``torch.Generator``; ``None`` gives a fresh
+    one seeded with 0, so results never depend on torch's global generator."""
+    if generator is None:
+        return torch.Generator().manual_seed(0)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU torch.Generator (draws happen on the CPU), got {generator.device}")
+    return generator
 
 
 def svd_rank_for_budget(p: int, p_inner: int, k: int) -> int:
-    """Rank ``r`` of the truncated-SVD baseline with the parameter budget of a width-``k``
-    MLP: a rank-``r`` factorisation of both ``p x p_I`` weights costs ``2r(p + p_I)``
-    numbers, a width-``k`` MLP ``k(2p + 1)``; ``r = min(p, p_I, round(k(2p+1) / (2(p + p_I))))``,
-    at least 1."""
-    r = round(k * (2 * p + 1) / (2 * (p + p_inner)))
+    """Rank ``r`` of the factored truncated-SVD baseline with the parameter budget of a
+    width-``k`` MLP: rank-``r`` factors of both ``p x p_I`` weights plus the full ``b_1``
+    cost ``2r(p + p_I) + p_I`` numbers, a width-``k`` MLP ``k(2p + 1)`` (``b_2`` is
+    shared); ``r = round((k(2p+1) - p_I) / (2(p + p_I)))`` clipped to ``[1, min(p, p_I)]``."""
+    p = check_positive_int("p", p)
+    p_inner = check_positive_int("p_inner", p_inner)
+    k = check_positive_int("k", k)
+    r = round((k * (2 * p + 1) - p_inner) / (2 * (p + p_inner)))
     return max(1, min(p, p_inner, r))
 
 
-def _truncate(matrix: Tensor, rank: int) -> Tensor:
+def _low_rank_factors(matrix: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+    """Balanced factors of the best rank-``rank`` approximation (Eckart-Young):
+    ``U_r S_r^{1/2}`` and ``S_r^{1/2} V_r^T``."""
     u, s, vh = torch.linalg.svd(matrix.to(torch.float64), full_matrices=False)
-    return (u[:, :rank] * s[:rank]) @ vh[:rank]
+    root = s[:rank].sqrt()
+    return u[:, :rank] * root, root[:, None] * vh[:rank]
 
 
-def _mmd_support(
-    w: Tensor, k: int, *, steps: int, lr: float, gen: torch.Generator
-) -> Tensor:
-    """``k`` support points minimising the squared MMD (Gaussian kernel, median-heuristic
-    bandwidth) to the empirical distribution of the rows of ``w``; Appendix A.2."""
+def _sq_dist_matrix(a: Tensor, b: Tensor) -> Tensor:
+    return ((a * a).sum(1)[:, None] - 2.0 * a @ b.T + (b * b).sum(1)[None, :]).clamp_min(0.0)
+
+
+def mmd2(x: Tensor, y: Tensor, bandwidth: float) -> Tensor:
+    """Squared maximum mean discrepancy (Appendix A.2, eq. 8) between the uniform
+    empirical distributions on the rows of ``x`` ``(n, d)`` and ``y`` ``(m, d)``, Gaussian
+    kernel :math:`k(a, b) = \\exp(-\\|a - b\\|^2 / (2h^2))`, ``h = bandwidth``:
+    :math:`\\overline{k(x, x')} + \\overline{k(y, y')} - 2\\,\\overline{k(x, y)}` (means over
+    all pairs, diagonal included: the MMD of the two discrete distributions themselves).
+    Differentiable; returns a 0-d tensor in the inputs' dtype. Cost :math:`O((n+m)^2 d)`.
+    Chapter 6, section "The baselines"."""
+    x = check_tensor("x", x, ndim=2)
+    y = check_tensor("y", y, ndim=2)
+    if x.shape[1] != y.shape[1]:
+        raise ValueError(f"x and y must have the same number of columns, got {x.shape[1]} and {y.shape[1]}")
+    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
+        raise ValueError(f"bandwidth must be a positive number, got {bandwidth!r}")
+    gamma = 1.0 / (2.0 * float(bandwidth) ** 2)
+    kxx = torch.exp(-gamma * _sq_dist_matrix(x, x)).mean()
+    kyy = torch.exp(-gamma * _sq_dist_matrix(y, y)).mean()
+    kxy = torch.exp(-gamma * _sq_dist_matrix(x, y)).mean()
+    return kxx + kyy - 2.0 * kxy
+
+
+class MMDSupport(NamedTuple):
+    """Result of :func:`mmd_support`: the ``points`` ``(k, d)`` (float64), the squared MMD
+    after every optimisation step ``history`` (``history[0]``: the random start), the
+    kernel ``bandwidth``, and ``converged`` (the stopping rule was met before the step
+    limit)."""
+
+    points: Tensor
+    history: list[float]
+    bandwidth: float
+    converged: bool
+
+
+def mmd_support(
+    w: Tensor,
+    k: int,
+    *,
+    steps: int = 500,
+    lr: float = 0.05,
+    tol: float = 1e-3,
+    generator: Optional[torch.Generator] = None,
+) -> MMDSupport:
+    """``k`` support points :math:`W^{(m)}` minimising :math:`\\mathrm{MMD}^2(\\mu_w,
+    \\mu_m(W^{(m)}))` (Appendix A.2, eq. 9): ``mu_w`` uniform on the rows of ``w``
+    ``(n, d)``, ``mu_m`` uniform on the ``k`` points. Gaussian kernel with the
+    median-heuristic bandwidth (``h^2`` = half the median squared distance between rows of
+    ``w``, from at most 512 of them); the points start at ``k`` rows of ``w`` drawn without
+    replacement (a random subset) and move by full-batch Adam with a step of ``lr`` times
+    the rows' root-mean-square coordinate spread, halved whenever the objective rises
+    (float32 arithmetic; the points come back in float64).
+
+    Stopping rule: after at least 20 steps, stop when the squared MMD fell by less than
+    ``tol`` (relative) over the last fifth of the steps taken; otherwise after ``steps``
+    steps (``converged`` is then False). With ``k = n`` the rows themselves are returned
+    (MMD 0, the minimum).
+
+    Cost :math:`O(\\text{steps}\\cdot(n + k) k d)`. Chapter 6, section "The baselines".
+    """
+    w = check_tensor("w", w, ndim=2)
     n = w.shape[0]
-    x = w.to(torch.float64)
-    start = torch.randperm(n, generator=gen)[:k]
-    y = x[start].clone()
-    if k == n:
-        # The points themselves: MMD is 0, the minimum. (Adam would still move them:
-        # it rescales the rounding noise of a zero gradient to full-size steps.)
-        return y
-    y.requires_grad_(True)
-
-    def sq(a: Tensor, b: Tensor) -> Tensor:
-        return ((a * a).sum(1)[:, None] - 2.0 * a @ b.T + (b * b).sum(1)[None, :]).clamp_min(0.0)
-
+    k = check_positive_int("k", k)
+    if k > n:
+        raise ValueError(f"k must be at most the number of rows of w ({n}), got {k}")
+    steps = check_positive_int("steps", steps)
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    gen = _generator(generator)
+    x = w.detach().to("cpu", torch.float64)
+    y0 = x[torch.randperm(n, generator=gen)[:k]].clone()
     with torch.no_grad():
         sub = x[torch.randperm(n, generator=gen)[: min(n, 512)]]
-        d2 = sq(sub, sub)
+        d2 = _sq_dist_matrix(sub, sub)
         med = float(d2[d2 > 0].median()) if bool((d2 > 0).any()) else 1.0
+    bandwidth = math.sqrt(med / 2.0)
     gamma = 1.0 / med
-    opt = torch.optim.Adam([y], lr=lr * math.sqrt(med / x.shape[1]))
-    for _ in range(steps):
+    with torch.no_grad():
+        kxx = float(torch.exp(-gamma * _sq_dist_matrix(x, x)).mean())
+    if k == n:
+        return MMDSupport(y0, [float(mmd2(x, y0, bandwidth))], bandwidth, True)
+    # The optimisation runs in float32 (half the time of float64; the objective is smooth
+    # and its value is far above float32 rounding); the points are returned in float64.
+    x = x.to(torch.float32)
+    y0 = y0.to(torch.float32)
+
+    def objective(y: Tensor) -> Tensor:
+        return kxx + torch.exp(-gamma * _sq_dist_matrix(y, y)).mean() - 2.0 * torch.exp(-gamma * _sq_dist_matrix(x, y)).mean()
+
+    y = y0.clone().requires_grad_(True)
+    step = lr * math.sqrt(float(x.var(0).mean()))
+    opt = torch.optim.Adam([y], lr=step)
+    history: list[float] = []
+    best, best_y, converged = math.inf, y0, False
+    for t in range(steps + 1):
         opt.zero_grad()
-        kyy = torch.exp(-gamma * sq(y, y)).mean()
-        kxy = torch.exp(-gamma * sq(x, y)).mean()
-        loss = kyy - 2 * kxy  # + mean k(x, x), a constant
+        loss = objective(y)
+        value = float(loss.detach())
+        history.append(value)
+        if value < best:
+            best, best_y = value, y.detach().clone()
+        elif value > history[-2] if len(history) > 1 else False:
+            for group in opt.param_groups:
+                group["lr"] *= 0.5
+        m = len(history) - 1
+        if m >= 20:
+            ref = history[m - max(1, m // 5)]
+            if ref - value <= tol * abs(ref):
+                converged = True
+                break
+        if t == steps:
+            break
         loss.backward()
         opt.step()
-    return y.detach()
+    return MMDSupport(best_y.to(torch.float64), history, bandwidth, converged)
 
 
 def compress_mlp(
@@ -446,13 +610,15 @@ def compress_mlp(
     k: int,
     *,
     method: str = "fusion",
-    seed: int = 0,
+    generator: Optional[torch.Generator] = None,
     n_init: int = 3,
     max_iter: int = 100,
-    mmd_steps: int = 200,
+    mmd_steps: int = 500,
     mmd_lr: float = 0.05,
     clustering: Optional[KMeansResult] = None,
-) -> tuple[CompressedLinear, CompressedLinear]:
+    support: Optional[MMDSupport] = None,
+    rank: Optional[int] = None,
+) -> tuple[nn.Module, nn.Module]:
     """Compress ``linear2(act(linear1(x)))`` (eq. 1, ``p -> p_I -> p``) to ``k``
     intermediate units (or the same parameter budget) with one of :data:`METHODS`.
 
@@ -469,30 +635,42 @@ def compress_mlp(
       for positively homogeneous activations (ReLU), different gradients always.
     * ``"sketch"``: Gaussian sketch :math:`S\\in\\mathbb R^{p_I\\times k}`, entries
       :math:`N(0, 1/k)`: :math:`\\sigma(XW_1S + 1b_1^TS)S^TW_2 + 1b_2^T`.
-    * ``"mmd"``: ``k`` support points :math:`\\widetilde W` minimising the MMD to the
-      empirical distribution of the rows of ``W`` (Gaussian kernel, Adam for
-      ``mmd_steps`` steps from ``k`` random rows); :math:`\\widetilde W_2` carries the
-      uniform weight :math:`p_I/k` folded in.
-    * ``"svd"``: keeps the width ``p_I`` and replaces :math:`W_1, W_2` by their best
-      rank-``r`` approximations (Eckart-Young), ``r =`` :func:`svd_rank_for_budget`.
-      Deterministic. Exact only when ``r`` reaches the weights' rank.
+    * ``"mmd"`` (Appendix A.2, eqs. 9-10): ``k`` support points :math:`W^{(m)}` minimising
+      the squared MMD to the empirical distribution of the rows of ``W``
+      (:func:`mmd_support`: Gaussian kernel, Adam from ``k`` random rows until the
+      stopping rule holds or ``mmd_steps`` steps); the second layer carries the factor
+      :math:`p_I/k` of eq. 10 (expectations, not sums). ``b_2`` is not multiplied by it
+      (it is one term, not a sum over sub-MLPs; eq. 10's bracket would scale it too, which
+      breaks the identity at ``k = p_I`` for no reason).
+    * ``"random"``: a uniformly random subset of ``k`` sub-MLPs (without replacement),
+      second layer multiplied by :math:`p_I/k`: the unbiased Monte-Carlo estimate of the sum
+      over sub-MLPs, and the simplest baseline.
+    * ``"svd"``: truncated SVD in *compressed* form: each weight becomes a
+      :class:`LowRankLinear` with balanced factors of its best rank-``r`` approximation
+      (Eckart-Young), ``r =`` :func:`svd_rank_for_budget` (the parameter budget of a
+      width-``k`` MLP) unless ``rank`` is given. Deterministic; exact when ``r`` reaches
+      the weights' rank (``rank = min(p, p_I)``).
     * ``"pruning"``: unstructured magnitude pruning at the same budget: keeps the
       ``round(numel * k / p_I)`` largest-magnitude entries of each weight matrix
       (biases kept) through a fixed ``mask``. Deterministic.
 
-    With ``k = p_I``, fusion, clustering, MMD and pruning reproduce the MLP exactly (up
-    to a permutation of the intermediate units); the sketch is exact in expectation for
-    a linear activation only, SVD as far as its budget rank allows.
+    With ``k = p_I``, fusion, clustering, MMD, random and pruning reproduce the MLP exactly
+    (up to a permutation of the intermediate units); the sketch is exact in expectation for
+    a linear activation only, SVD as far as its rank allows.
 
     Args:
         linear1, linear2: ``nn.Linear(p, p_I)`` and ``nn.Linear(p_I, p)``.
         k: compressed intermediate width, ``1 <= k <= p_I``.
         method: one of :data:`METHODS`.
-        seed: seed of k-means, the sketch and the MMD initialisation.
+        generator: CPU ``torch.Generator`` for k-means, the sketch, the random subset and
+            the MMD start (``None``: a fresh one seeded with 0).
         n_init, max_iter: k-means restarts and Lloyd iterations.
         mmd_steps, mmd_lr: MMD optimisation steps and relative step size.
         clustering: a precomputed :func:`kmeans` result on :func:`sub_mlp_embeddings`
             (shared between ``"fusion"`` and ``"clustering"`` to save time).
+        support: a precomputed :func:`mmd_support` result on :func:`sub_mlp_embeddings`
+            (``"mmd"``).
+        rank: the rank of ``"svd"`` (``None``: the budget rank).
 
     Cost: k-means :math:`O(n_{init}\\,\\text{iter}\\,p_I k p)`; SVD :math:`O(p^2 p_I)`;
     MMD :math:`O(\\text{steps}\\,p_I k p)`. Chapter 6, sections "The fused MLP" and
@@ -502,7 +680,7 @@ def compress_mlp(
     method = check_choice("method", method, METHODS)
     p, p_inner = linear1.in_features, linear1.out_features
     k = _check_k(k, p_inner)
-    seed = _seed(seed)
+    gen = _generator(generator)
     dtype, device = linear1.weight.dtype, linear1.weight.device
     # The new weights are computed on the CPU in float64 and cast back to the layers'
     # dtype and device at the end (k-means runs on the CPU, see kmeans).
@@ -520,7 +698,7 @@ def compress_mlp(
     if method in ("fusion", "clustering"):
         if clustering is None:
             clustering = kmeans(
-                sub_mlp_embeddings(linear1, linear2), k, n_init=n_init, max_iter=max_iter, seed=seed
+                sub_mlp_embeddings(linear1, linear2), k, n_init=n_init, max_iter=max_iter, generator=gen
             )
         elif not isinstance(clustering, KMeansResult) or clustering.labels.shape[0] != p_inner:
             raise ValueError(f"clustering must be a KMeansResult over the p_I = {p_inner} sub-MLPs")
@@ -535,17 +713,31 @@ def compress_mlp(
         root = counts.sqrt()
         return build(root[:, None] * n1, root * nb1, n2 * root[None, :])
 
-    gen = torch.Generator().manual_seed(seed)
     if method == "sketch":
         s = torch.randn(p_inner, k, generator=gen, dtype=torch.float64) / math.sqrt(k)
         return build(s.T @ w1, s.T @ b1, w2 @ s)
     if method == "mmd":
-        w = sub_mlp_embeddings(linear1, linear2).to("cpu", torch.float64)
-        y = _mmd_support(w, k, steps=mmd_steps, lr=mmd_lr, gen=gen)
+        if support is None:
+            support = mmd_support(sub_mlp_embeddings(linear1, linear2), k, steps=mmd_steps, lr=mmd_lr, generator=gen)
+        elif not isinstance(support, MMDSupport) or tuple(support.points.shape) != (k, 2 * p + 1):
+            raise ValueError(f"support must be an MMDSupport with {k} points of dimension {2 * p + 1}")
+        y = support.points.to(torch.float64)
         return build(y[:, :p], y[:, p], y[:, p + 1 :].T * (p_inner / k))
+    if method == "random":
+        keep = torch.randperm(p_inner, generator=gen)[:k]
+        return build(w1[keep], b1[keep], w2[:, keep] * (p_inner / k))
     if method == "svd":
-        r = svd_rank_for_budget(p, p_inner, k)
-        return build(_truncate(w1, r), b1, _truncate(w2, r))
+        if rank is None:
+            r = svd_rank_for_budget(p, p_inner, k)
+        else:
+            r = check_positive_int("rank", rank)
+            if r > min(p, p_inner):
+                raise ValueError(f"rank must be at most min(p, p_I) = {min(p, p_inner)}, got {r}")
+        cast = lambda t: t.to(dtype=dtype, device=device)
+        u1, v1 = _low_rank_factors(w1, r)
+        u2, v2 = _low_rank_factors(w2, r)
+        nb1 = cast(b1) if linear1.bias is not None else None
+        return LowRankLinear(cast(u1), cast(v1), nb1), LowRankLinear(cast(u2), cast(v2), b2)
     # pruning
     masks = []
     for w in (w1, w2):
@@ -561,7 +753,7 @@ def fuse_mlp(
     linear2: nn.Module,
     k: int,
     *,
-    seed: int = 0,
+    generator: Optional[torch.Generator] = None,
     n_init: int = 3,
     max_iter: int = 100,
     clustering: Optional[KMeansResult] = None,
@@ -575,7 +767,8 @@ def fuse_mlp(
     section "The fused MLP".
     """
     return compress_mlp(
-        linear1, linear2, k, method="fusion", seed=seed, n_init=n_init, max_iter=max_iter, clustering=clustering
+        linear1, linear2, k, method="fusion", generator=generator, n_init=n_init, max_iter=max_iter,
+        clustering=clustering,
     )
 
 
@@ -609,7 +802,7 @@ class FFNBlock:
 
 
 def _is_linear(m: nn.Module) -> bool:
-    return isinstance(m, (nn.Linear, CompressedLinear))
+    return isinstance(m, (nn.Linear, CompressedLinear, LowRankLinear))
 
 
 def find_ffn_blocks(model: nn.Module) -> list[FFNBlock]:
@@ -663,12 +856,17 @@ def find_ffn_blocks(model: nn.Module) -> list[FFNBlock]:
 
 
 def compress_sequential(
-    mlp: nn.Sequential, k: int, *, method: str = "fusion", seed: int = 0, **kwargs
+    mlp: nn.Sequential,
+    k: int,
+    *,
+    method: str = "fusion",
+    generator: Optional[torch.Generator] = None,
+    **kwargs,
 ) -> nn.Sequential:
     """A new ``Sequential(linear1', activation, linear2')``: ``mlp`` compressed with
     :func:`compress_mlp` (``mlp`` itself is not modified)."""
     (block,) = find_ffn_blocks(mlp)
-    l1, l2 = compress_mlp(block.linear1, block.linear2, k, method=method, seed=seed, **kwargs)
+    l1, l2 = compress_mlp(block.linear1, block.linear2, k, method=method, generator=generator, **kwargs)
     return nn.Sequential(l1, copy.deepcopy(mlp[1]), l2)
 
 
@@ -678,7 +876,7 @@ def compress_model(
     *,
     layers: Optional[Sequence[int]] = None,
     method: str = "fusion",
-    seed: int = 0,
+    generator: Optional[torch.Generator] = None,
     inplace: bool = False,
     clusterings: Optional[dict[int, KMeansResult]] = None,
     **kwargs,
@@ -687,8 +885,9 @@ def compress_model(
     allowed; ``None``: all) of ``model`` with :func:`compress_mlp`.
 
     Returns a deep copy (or ``model`` itself with ``inplace=True``) whose chosen FFNs use
-    :class:`CompressedLinear` layers; the rest is untouched. Each layer ``l`` uses the
-    seed ``seed + l`` and, if given, ``clusterings[l]``. The paper compresses the last 8
+    :class:`CompressedLinear` (or, for ``"svd"``, :class:`LowRankLinear`) layers; the rest
+    is untouched. The layers draw from ``generator`` one after the other, bottom to top
+    (``None``: a fresh generator seeded with 0), and use ``clusterings[l]`` when given. The paper compresses the last 8
     of RoBERTa's 12 layers. Chapter 6, section "Compressing MiniLM".
     """
     if not isinstance(inplace, bool):
@@ -711,14 +910,14 @@ def compress_model(
             chosen.append(layer % n)
         if len(set(chosen)) != len(chosen):
             raise ValueError(f"layers must not repeat a layer, got {list(layers)}")
-    seed = _seed(seed)
+    gen = _generator(generator)
     for layer in chosen:
         block = blocks[layer]
         pre = None if clusterings is None else clusterings.get(layer)
         extra = dict(kwargs)
         if pre is not None:
             extra["clustering"] = pre
-        l1, l2 = compress_mlp(block.linear1, block.linear2, k, method=method, seed=seed + layer, **extra)
+        l1, l2 = compress_mlp(block.linear1, block.linear2, k, method=method, generator=gen, **extra)
         setattr(block.owner1, block.name1, l1)
         setattr(block.owner2, block.name2, l2)
     return target
@@ -732,6 +931,9 @@ def mlp_parameter_count(model: nn.Module, layers: Optional[Sequence[int]] = None
     total = 0
     for i in chosen:
         for lin in (blocks[i].linear1, blocks[i].linear2):
+            if isinstance(lin, LowRankLinear):
+                total += lin.u.numel() + lin.v.numel() + (0 if lin.bias is None else lin.bias.numel())
+                continue
             mask = getattr(lin, "mask", None)
             total += int(mask.sum()) if mask is not None else lin.weight.numel()
             total += 0 if lin.bias is None else lin.bias.numel()
@@ -810,6 +1012,15 @@ def mlp_gradients(
             g = torch.zeros_like(records[idx]["y"])
         if a.ndim == 2:
             a, g = a[:, None, :], g[:, None, :]
+        if isinstance(lin, LowRankLinear):
+            # y = (a v^T) u^T + b: dy/du = g^T (a v^T), dy/dv = (g u)^T a
+            if lin.u.requires_grad:
+                parts.append(torch.einsum("nto,ntr->nor", g, a @ lin.v.detach().T).reshape(n, -1))
+            if lin.v.requires_grad:
+                parts.append(torch.einsum("ntr,nti->nri", g @ lin.u.detach(), a).reshape(n, -1))
+            if lin.bias is not None and lin.bias.requires_grad:
+                parts.append(g.sum(1))
+            continue
         scale, mask = _linear_parts(lin)
         if scale is not None:
             a = a * scale
@@ -858,6 +1069,30 @@ def kernel_error(k_ref: Tensor, k_new: Tensor) -> float:
     if k_ref.shape != k_new.shape:
         raise ValueError(f"k_ref and k_new must have the same shape, got {tuple(k_ref.shape)} and {tuple(k_new.shape)}")
     return float(torch.linalg.norm((k_new.to(torch.float64) - k_ref.to(torch.float64))))
+
+
+def kernel_cosine(k_ref: Tensor, k_new: Tensor) -> float:
+    """Cosine similarity of two kernel matrices, :math:`\\langle K, \\widetilde K\\rangle_F /
+    (\\|K\\|_F\\|\\widetilde K\\|_F)` (kernel alignment, Cristianini et al. 2002): 1 when
+    :math:`\\widetilde K` is a positive multiple of ``K``, blind to the kernel's overall scale,
+    which :func:`kernel_error` is not. Chapter 6, section "Table 1 at our scale"."""
+    k_ref = check_tensor("k_ref", k_ref, ndim=2).to(torch.float64)
+    k_new = check_tensor("k_new", k_new, ndim=2).to(torch.float64)
+    if k_ref.shape != k_new.shape:
+        raise ValueError(f"k_ref and k_new must have the same shape, got {tuple(k_ref.shape)} and {tuple(k_new.shape)}")
+    denom = float(torch.linalg.norm(k_ref) * torch.linalg.norm(k_new))
+    if denom == 0.0:
+        raise ValueError("k_ref and k_new must be nonzero")
+    return float((k_ref * k_new).sum()) / denom
+
+
+def scaled_kernel_error(k_ref: Tensor, k_new: Tensor) -> float:
+    """Relative error after the best scalar rescale, :math:`\\min_c \\|c\\widetilde K -
+    K\\|_F / \\|K\\|_F = \\sqrt{1 - \\cos^2}` with :math:`\\cos` = :func:`kernel_cosine`
+    (the optimal :math:`c = \\langle K, \\widetilde K\\rangle_F / \\|\\widetilde K\\|_F^2`):
+    the part of the kernel error that a change of learning rate cannot undo."""
+    cos = kernel_cosine(k_ref, k_new)
+    return math.sqrt(max(0.0, 1.0 - cos * cos))
 
 
 def ffn_output_error(
@@ -909,7 +1144,7 @@ def layerwise_tuning(
     """
     blocks = find_ffn_blocks(student)
     if layers is None:
-        chosen = [i for i, b in enumerate(blocks) if isinstance(b.linear1, CompressedLinear)]
+        chosen = [i for i, b in enumerate(blocks) if isinstance(b.linear1, (CompressedLinear, LowRankLinear))]
     else:
         chosen = [int(l) % len(blocks) for l in layers]
     if not chosen:

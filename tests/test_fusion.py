@@ -15,6 +15,8 @@ from torch import nn
 from kernels.fusion import (
     METHODS,
     CompressedLinear,
+    LowRankLinear,
+    MMDSupport,
     averaging_matrix,
     clustering_matrix,
     compress_mlp,
@@ -23,11 +25,15 @@ from kernels.fusion import (
     ffn_output_error,
     find_ffn_blocks,
     fuse_mlp,
+    kernel_cosine,
     kernel_error,
     kmeans,
     layerwise_tuning,
     mlp_gradients,
     mlp_parameter_count,
+    mmd2,
+    mmd_support,
+    scaled_kernel_error,
     scaling_matrix,
     sgd_kernel,
     sign_kernel,
@@ -95,8 +101,8 @@ def test_kmeans_deterministic_and_close_to_sklearn():
     from sklearn.cluster import KMeans
 
     pts = torch.randn(200, 5, dtype=F64, generator=torch.Generator().manual_seed(3))
-    a = kmeans(pts, 8, n_init=4, seed=7)
-    b = kmeans(pts, 8, n_init=4, seed=7)
+    a = kmeans(pts, 8, n_init=4, generator=torch.Generator().manual_seed(7))
+    b = kmeans(pts, 8, n_init=4, generator=torch.Generator().manual_seed(7))
     assert torch.equal(a.labels, b.labels) and a.inertia == b.inertia
     assert sorted(set(a.labels.tolist())) == list(range(8))
     # inertia is the sum of squared distances to the returned centroids
@@ -111,14 +117,14 @@ def test_kmeans_deterministic_and_close_to_sklearn():
 
 def test_kmeans_restarts_never_worse():
     pts = torch.randn(120, 3, dtype=F64, generator=torch.Generator().manual_seed(4))
-    one = kmeans(pts, 10, n_init=1, seed=2)
-    many = kmeans(pts, 10, n_init=6, seed=2)  # the first restart is the same draw
+    one = kmeans(pts, 10, n_init=1, generator=torch.Generator().manual_seed(2))
+    many = kmeans(pts, 10, n_init=6, generator=torch.Generator().manual_seed(2))  # the first restart is the same draw
     assert many.inertia <= one.inertia + 1e-12
 
 
 def test_kmeans_k_equals_n_gives_singletons():
     pts = torch.randn(15, 4, dtype=F64)
-    res = kmeans(pts, 15, seed=0)
+    res = kmeans(pts, 15, generator=torch.Generator().manual_seed(0))
     assert sorted(res.labels.tolist()) == list(range(15))
     assert res.inertia < 1e-12
 
@@ -146,8 +152,8 @@ def test_fusion_matches_eq5_and_pulling_c_out():
     mlp = make_mlp()
     x = inputs()
     k = 7
-    l1, l2 = fuse_mlp(mlp[0], mlp[2], k, seed=3)
-    res = kmeans(sub_mlp_embeddings(mlp[0], mlp[2]), k, seed=3)
+    l1, l2 = fuse_mlp(mlp[0], mlp[2], k, generator=torch.Generator().manual_seed(3))
+    res = kmeans(sub_mlp_embeddings(mlp[0], mlp[2]), k, generator=torch.Generator().manual_seed(3))
     c = clustering_matrix(res.labels, k)
     cb = averaging_matrix(c)
     w1, b1 = mlp[0].weight.detach().T, mlp[0].bias.detach()  # (p, p_I), (p_I,)
@@ -165,7 +171,7 @@ def test_fusion_matches_eq5_and_pulling_c_out():
 def test_p_is_a_fixed_scaling_in_the_gradient():
     mlp = make_mlp()
     x = inputs()
-    l1, l2 = fuse_mlp(mlp[0], mlp[2], 5, seed=0)
+    l1, l2 = fuse_mlp(mlp[0], mlp[2], 5, generator=torch.Generator().manual_seed(0))
     assert "scale" not in dict(l2.named_parameters())
     assert "scale" in dict(l2.named_buffers())
     n_params = sum(p.numel() for p in (*l1.parameters(), *l2.parameters()))
@@ -187,7 +193,11 @@ def test_p_is_a_fixed_scaling_in_the_gradient():
 # ---------------------------------------------------------------- baselines
 
 
-@pytest.mark.parametrize("method", ["fusion", "clustering", "pruning", "mmd"])
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("method", ["fusion", "clustering", "pruning", "mmd", "random"])
 def test_baselines_exact_at_full_width(method):
     mlp = make_mlp()
     x = inputs()
@@ -195,21 +205,67 @@ def test_baselines_exact_at_full_width(method):
     torch.testing.assert_close(out(x), mlp(x), atol=1e-10, rtol=1e-10)
 
 
-def test_svd_baseline_is_the_eckart_young_truncation():
-    mlp = make_mlp(p=6, p_inner=24)
-    r = svd_rank_for_budget(6, 24, 24)
-    assert 1 <= r <= 6
-    l1, l2 = compress_mlp(mlp[0], mlp[2], 24, method="svd")
+@pytest.mark.parametrize("p,p_inner,k", [(6, 24, 24), (6, 24, 12), (5, 7, 7), (8, 32, 20)])
+def test_svd_baseline_is_the_factored_eckart_young_truncation(p, p_inner, k):
+    mlp = make_mlp(p=p, p_inner=p_inner)
+    r = svd_rank_for_budget(p, p_inner, k)
+    assert 1 <= r <= min(p, p_inner)
+    l1, l2 = compress_mlp(mlp[0], mlp[2], k, method="svd")
     for lin, new in ((mlp[0], l1), (mlp[2], l2)):
+        assert isinstance(new, LowRankLinear) and new.rank == r
         w = lin.weight.detach().numpy()
         u, s, vh = np.linalg.svd(w, full_matrices=False)
         want = (u[:, :r] * s[:r]) @ vh[:r]
-        np.testing.assert_allclose(new.weight.detach().numpy(), want, atol=1e-12)
-    # with a budget that reaches the full rank, the SVD baseline is exact
-    big = make_mlp(p=2, p_inner=4)
-    assert svd_rank_for_budget(2, 4, 4) == 2
-    out = compress_sequential(big, 4, method="svd")
-    torch.testing.assert_close(out(inputs(p=2)), big(inputs(p=2)))
+        np.testing.assert_allclose(new.effective_weight().detach().numpy(), want, atol=1e-12)
+        # balanced factors: both carry the square roots of the singular values
+        np.testing.assert_allclose(np.linalg.norm(new.u.detach().numpy(), axis=0), np.sqrt(s[:r]), rtol=1e-10)
+
+
+@pytest.mark.parametrize("p,p_inner", [(2, 4), (6, 24), (5, 3)])
+def test_svd_at_full_rank_reproduces_the_ffn(p, p_inner):
+    big = make_mlp(p=p, p_inner=p_inner)
+    out = compress_sequential(big, p_inner, method="svd", rank=min(p, p_inner))
+    torch.testing.assert_close(out(inputs(p=p)), big(inputs(p=p)), atol=1e-12, rtol=1e-12)
+    with pytest.raises(ValueError, match="rank"):
+        compress_sequential(big, p_inner, method="svd", rank=min(p, p_inner) + 1)
+
+
+def test_svd_parameter_budget_matches_a_width_k_mlp():
+    # p = 384, p_I = 1536, k = 384 (chapter 6): factored SVD within one rank step of fusion
+    p, p_inner, k = 384, 1536, 384
+    r = svd_rank_for_budget(p, p_inner, k)
+    svd_params = 2 * r * (p + p_inner) + p_inner
+    fusion_params = k * (2 * p + 1)
+    assert abs(svd_params - fusion_params) <= 2 * (p + p_inner)
+    mlp = make_mlp(p=8, p_inner=32)
+    k = 12
+    r = svd_rank_for_budget(8, 32, k)
+    svd = compress_sequential(mlp, k, method="svd")
+    fused = compress_sequential(mlp, k, method="fusion")
+    assert mlp_parameter_count(svd) == 2 * r * (8 + 32) + 32 + 8
+    assert abs(mlp_parameter_count(svd) - mlp_parameter_count(fused)) <= 2 * (8 + 32)
+
+
+def test_random_subset_is_unbiased_and_exact_at_full_width():
+    mlp = make_mlp()
+    x = inputs()
+    ref = mlp(x).detach()
+    # k = p_I keeps every sub-MLP with weight 1: the MLP itself, for any draw
+    for s in range(3):
+        torch.testing.assert_close(compress_sequential(mlp, 24, method="random", generator=gen(s))(x), ref)
+    # for k < p_I the rescaled subset sum is an unbiased estimate of the sum over sub-MLPs
+    # (any activation): the mean over many draws approaches the MLP
+    errs = []
+    for n in (8, 512):
+        g = gen(11)
+        mean = sum(compress_sequential(mlp, 6, method="random", generator=g)(x).detach() for _ in range(n)) / n
+        errs.append(float((mean - ref).norm() / ref.norm()))
+    assert errs[1] < 0.25 * errs[0]
+    # the kept units are rows of W1 and columns of W2 times p_I / k
+    l1, l2 = compress_mlp(mlp[0], mlp[2], 6, method="random", generator=gen(3))
+    keep = torch.randperm(24, generator=gen(3))[:6]
+    torch.testing.assert_close(l1.weight, mlp[0].weight[keep].detach())
+    torch.testing.assert_close(l2.weight, mlp[2].weight[:, keep].detach() * 4.0)
 
 
 def test_sketch_is_unbiased_for_a_linear_mlp():
@@ -218,12 +274,12 @@ def test_sketch_is_unbiased_for_a_linear_mlp():
     ref = mlp(x).detach()
     errs = []
     for n in (4, 64):
-        mean = sum(compress_sequential(mlp, 24, method="sketch", seed=s)(x).detach() for s in range(n)) / n
+        mean = sum(compress_sequential(mlp, 24, method="sketch", generator=torch.Generator().manual_seed(s))(x).detach() for s in range(n)) / n
         errs.append(float((mean - ref).norm() / ref.norm()))
     assert errs[1] < 0.5 * errs[0]
     # a fixed seed gives a fixed sketch
-    a = compress_sequential(mlp, 8, method="sketch", seed=3)(x)
-    b = compress_sequential(mlp, 8, method="sketch", seed=3)(x)
+    a = compress_sequential(mlp, 8, method="sketch", generator=torch.Generator().manual_seed(3))(x)
+    b = compress_sequential(mlp, 8, method="sketch", generator=torch.Generator().manual_seed(3))(x)
     torch.testing.assert_close(a, b)
 
 
@@ -240,32 +296,74 @@ def test_pruning_keeps_the_budget_and_masks_gradients():
     assert torch.all(pruned[0].weight.grad[~kept] == 0)
 
 
-def test_mmd_optimisation_lowers_the_mmd():
+@pytest.mark.parametrize("n,m,d,h", [(5, 3, 2, 0.7), (9, 9, 4, 1.5), (12, 4, 7, 3.0), (1, 1, 3, 0.5)])
+def test_mmd2_against_a_naive_double_loop(n, m, d, h):
+    x = torch.randn(n, d, dtype=F64, generator=gen(n))
+    y = torch.randn(m, d, dtype=F64, generator=gen(m + 100)) + 0.3
+    kern = lambda a, b: float(np.exp(-np.sum((a - b) ** 2) / (2 * h * h)))
+    xn, yn = x.numpy(), y.numpy()
+    kxx = sum(kern(a, b) for a in xn for b in xn) / n**2
+    kyy = sum(kern(a, b) for a in yn for b in yn) / m**2
+    kxy = sum(kern(a, b) for a in xn for b in yn) / (n * m)
+    assert float(mmd2(x, y, h)) == pytest.approx(kxx + kyy - 2 * kxy, rel=1e-10, abs=1e-14)
+    assert float(mmd2(x, x, h)) == pytest.approx(0.0, abs=1e-12)
+    # the same distribution in another order, or with every point repeated, has MMD 0
+    assert float(mmd2(x, torch.cat([x.flip(0), x]), h)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_mmd_support_lowers_the_mmd_and_is_used_by_compress_mlp():
     mlp = make_mlp()
     w = sub_mlp_embeddings(mlp[0], mlp[2])
-    d2 = torch.cdist(w, w) ** 2
-    gamma = 1.0 / float(d2[d2 > 0].median())  # the implementation's median heuristic
+    res = mmd_support(w, 6, steps=300, generator=gen(1))
+    assert isinstance(res, MMDSupport)
+    start = torch.randperm(24, generator=gen(1))[:6]  # the documented random start
+    assert res.history[0] == pytest.approx(float(mmd2(w, w[start], res.bandwidth)), rel=1e-4)
+    assert res.history[-1] < 0.5 * res.history[0]
+    assert float(mmd2(w, res.points, res.bandwidth)) == pytest.approx(min(res.history), rel=1e-3)
+    assert len(res.history) <= 301
+    quick = mmd_support(w, 6, steps=5, generator=gen(1))
+    assert not quick.converged and len(quick.history) == 6
+    # eq. 10: the compressed MLP is the uniform mixture of the support points times p_I / k
+    l1, l2 = compress_mlp(mlp[0], mlp[2], 6, method="mmd", support=res)
+    y = torch.cat([l1.weight, l1.bias[:, None], l2.weight.T / (24 / 6)], dim=1).detach()
+    torch.testing.assert_close(y, res.points)
+    again = compress_mlp(mlp[0], mlp[2], 6, method="mmd", mmd_steps=300, generator=gen(1))
+    torch.testing.assert_close(again[0].weight, l1.weight)
+    full = mmd_support(w, 24, generator=gen(0))
+    assert full.history == [pytest.approx(0.0, abs=1e-12)]
+    with pytest.raises(ValueError, match="support"):
+        compress_mlp(mlp[0], mlp[2], 5, method="mmd", support=res)
+    with pytest.raises(ValueError, match="bandwidth"):
+        mmd2(w, w, 0.0)
 
-    def mmd2(y):
-        kern = lambda a, b: torch.exp(-gamma * torch.cdist(a, b) ** 2).mean()
-        return float(kern(w, w) - 2 * kern(w, y) + kern(y, y))
 
-    vals = []
-    for steps in (0, 200):
-        l1, l2 = compress_mlp(mlp[0], mlp[2], 6, method="mmd", mmd_steps=steps, seed=1)
-        y = torch.cat([l1.weight, l1.bias[:, None], l2.weight.T / (24 / 6)], dim=1).detach()
-        vals.append(mmd2(y))
-    assert vals[1] < 0.5 * vals[0]
+@pytest.mark.parametrize("n", [3, 8])
+def test_scale_invariant_kernel_measures(n):
+    a = torch.randn(n, n, dtype=F64, generator=gen(n))
+    b = torch.randn(n, n, dtype=F64, generator=gen(n + 1))
+    assert kernel_cosine(a, 3.7 * a) == pytest.approx(1.0)
+    assert scaled_kernel_error(a, 0.01 * a) == pytest.approx(0.0, abs=1e-7)
+    assert kernel_cosine(a, -a) == pytest.approx(-1.0)
+    # against the best scalar found by least squares (numpy), independently
+    c, *_ = np.linalg.lstsq(b.numpy().reshape(-1, 1), a.numpy().reshape(-1), rcond=None)
+    want = np.linalg.norm(c[0] * b.numpy() - a.numpy()) / np.linalg.norm(a.numpy())
+    assert scaled_kernel_error(a, b) == pytest.approx(want, rel=1e-10)
+    want_cos = float(np.sum(a.numpy() * b.numpy()) / np.linalg.norm(a.numpy()) / np.linalg.norm(b.numpy()))
+    assert kernel_cosine(a, b) == pytest.approx(want_cos, rel=1e-12)
+    assert scaled_kernel_error(a, b) <= kernel_error(a, b) / float(a.norm()) + 1e-12
+    with pytest.raises(ValueError, match="same shape"):
+        kernel_cosine(a, b[:2])
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_shapes(method):
     mlp = make_mlp()
     l1, l2 = compress_mlp(mlp[0], mlp[2], 5, method=method, mmd_steps=3)
-    assert isinstance(l1, CompressedLinear) and isinstance(l2, CompressedLinear)
+    kind = LowRankLinear if method == "svd" else CompressedLinear
+    assert isinstance(l1, kind) and isinstance(l2, kind)
     width = 24 if method in ("svd", "pruning") else 5
     assert l1.out_features == width and l2.in_features == width
-    assert l1.weight.dtype == F64
+    assert next(l1.parameters()).dtype == F64
     assert mlp[0].weight.shape == (24, 6)  # the original is untouched
 
 
@@ -287,6 +385,22 @@ def test_gradients_match_autograd_loop_and_empirical_ntk():
     torch.testing.assert_close(sgd_kernel(g), empirical_ntk(model, x, method="jacobian"))
     naive = torch.stack(rows) @ torch.sign(torch.stack(rows)).T
     torch.testing.assert_close(sign_kernel(g), naive)
+
+
+@pytest.mark.parametrize("k", [3, 12, 24])
+def test_gradients_of_low_rank_layers_match_autograd_and_empirical_ntk(k):
+    mlp = compress_sequential(make_mlp(), k, method="svd")
+    u = torch.randn(6, dtype=F64, generator=gen(5))
+    model = Head(mlp, u)
+    x = inputs()
+    g = mlp_gradients(mlp, lambda m: m(x) @ u)
+    params = [mlp[0].u, mlp[0].v, mlp[0].bias, mlp[2].u, mlp[2].v, mlp[2].bias]
+    rows = []
+    for i in range(x.shape[0]):
+        gs = torch.autograd.grad(model(x[i : i + 1]).sum(), params)
+        rows.append(torch.cat([t.flatten() for t in gs]))
+    torch.testing.assert_close(g, torch.stack(rows))
+    torch.testing.assert_close(sgd_kernel(g), empirical_ntk(model, x, method="jacobian"))
 
 
 def test_gradients_of_pruned_layers_are_masked():
@@ -378,7 +492,7 @@ def test_bert_gradients_are_per_sample():
 
 def test_layerwise_tuning_reduces_the_loss():
     teacher = tiny_bert()
-    student = compress_model(teacher, 3, layers=[0, 1], method="sketch", seed=0)
+    student = compress_model(teacher, 3, layers=[0, 1], method="sketch", generator=torch.Generator().manual_seed(0))
     ids = torch.randint(1, 40, (8, 6), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     before = {n: p.detach().clone() for n, p in student.named_parameters()}
@@ -410,12 +524,31 @@ def test_mismatched_linears():
         fuse_mlp(nn.Conv1d(6, 24, 1), nn.Linear(24, 6), 4)
 
 
-def test_bad_method_and_seed():
+def test_bad_method_and_generator():
     mlp = make_mlp()
     with pytest.raises(ValueError, match="method"):
         compress_mlp(mlp[0], mlp[2], 4, method="quantize")
-    with pytest.raises(TypeError, match="seed"):
-        compress_mlp(mlp[0], mlp[2], 4, seed=1.5)
+    with pytest.raises(TypeError, match="generator"):
+        compress_mlp(mlp[0], mlp[2], 4, generator=3)
+    with pytest.raises(TypeError, match="generator"):
+        kmeans(torch.randn(10, 2, dtype=F64), 3, generator=0)
+    with pytest.raises(ValueError, match="init"):
+        kmeans(torch.randn(10, 2, dtype=F64), 3, init="forgy")
+    # the default generator is a fresh one seeded with 0, never torch's global one
+    a = compress_sequential(mlp, 4, method="sketch")
+    torch.manual_seed(123)
+    b = compress_sequential(mlp, 4, method="sketch")
+    torch.testing.assert_close(a[0].weight, b[0].weight)
+
+
+def test_kmeans_random_init_is_deterministic_and_close_to_kmeans_pp():
+    pts = torch.randn(150, 4, dtype=F64, generator=gen(9))
+    a = kmeans(pts, 6, n_init=3, init="random", generator=gen(2))
+    b = kmeans(pts, 6, n_init=3, init="random", generator=gen(2))
+    assert torch.equal(a.labels, b.labels)
+    assert len(set(a.labels.tolist())) == 6
+    pp = kmeans(pts, 6, n_init=3, generator=gen(2))
+    assert a.inertia < 1.5 * pp.inertia
 
 
 def test_model_without_ffn_structure():
