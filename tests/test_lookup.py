@@ -380,11 +380,17 @@ def test_debug_build_compiles_and_checks_indices(tmp_path) -> None:
     proc = run_isolated("""
         import torch
         from kernels import _ext
-        from kernels.lookup import lookup_forward_fused, lookup_gather
+        from kernels.hadamard import bh_project_fused
+        from kernels.lookup import LookupFFN, lookup_forward_fused, lookup_gather
         m = _ext.build()
-        assert m.__name__.endswith("_debug"), m.__name__
+        assert m.__name__.endswith("_debug") and m.debug_checks(), m.__name__
         z, t = torch.randn(50, 12, dtype=torch.float64), torch.randn(3, 16, 5, dtype=torch.float64)
         torch.testing.assert_close(lookup_forward_fused(z, t), lookup_gather(z, t))
+        layer = LookupFFN(40, 3, 4, block=16, dtype=torch.float64)
+        x = torch.randn(19, 40, dtype=torch.float64)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x, backend="fused"), layer(x, backend="torch"))
+            torch.testing.assert_close(bh_project_fused(x, layer.projection), layer.projection(x))
         try:
             m.gather(torch.full((2, 3), 16), torch.ones(2, 3, dtype=torch.float64), t, torch.empty(2, 5, dtype=torch.float64))
             print("no error")
@@ -392,7 +398,8 @@ def test_debug_build_compiles_and_checks_indices(tmp_path) -> None:
             print("RuntimeError", str(exc).splitlines()[0])
     """, timeout=900, env={"NN_KERNELS_EXT_DIR": str(tmp_path), "NN_KERNELS_EXT_DEBUG": "1"})
     assert proc.returncode == 0, describe(proc)
-    assert "debug bounds check" in proc.stdout and "outside [0, 16)" in proc.stdout, proc.stdout
+    assert "codes must lie in [0, 16)" in proc.stdout, proc.stdout
+    assert not _ext.build().debug_checks()  # the everyday build runs without them
 
 
 # --- LSH sparse FFN (SLIDE-style baseline of Table 1) against naive loops -----------------

@@ -500,6 +500,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("tau"), pybind11::arg("scaled"));
   m.def("bh_project", &bh_project_cpu, "BH-m projection of the rows of x (tiles as fused)",
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("d_out"));
+  m.def("debug_checks", []() {
+#ifdef NNK_DEBUG
+    return true;
+#else
+    return false;
+#endif
+  }, "Whether this build checks every index in its inner loops (-DNNK_DEBUG)");
   m.def("gather", &gather_cpu, "Weighted gather-accumulate of table rows",
         pybind11::arg("codes"), pybind11::arg("weights"), pybind11::arg("tables"),
         pybind11::arg("out"));
