@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+
+from nnk_book.records import code_hash
 from nnk_book.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,6 +100,9 @@ def record(
         "executed_start": meta.get("start_time"),
         "seconds": round(float(duration), 1) if duration is not None else None,
         "commit": commit or _git("rev-parse", "--short", "HEAD"),
+        # The chapter's code cells as recorded: nnk_book.recorded_run tells a chapter
+        # whether its experiments changed since (the record is then stale).
+        "code_hash": code_hash(ROOT / "chapters" / f"{chapter}.ipynb"),
         "parameters": meta.get("parameters", {}),
         "machine": {"cpu": _cpu_model(), "logical_cores": os.cpu_count(), "threads": threads},
         "values": {name: _jsonable(v) for name, v in sorted(values.items())},
