@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import configuration as _hypothesis_configuration
 from hypothesis import strategies as st
 
 from kernels import _ext
@@ -27,6 +30,8 @@ from kernels.lookup import (
     lookup_gather,
 )
 
+# Hypothesis keeps small caches (no example database here): outside the repository.
+_hypothesis_configuration.set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "nnk-hypothesis")
 SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 DTYPES = (torch.float32, torch.float64, torch.float64, torch.float16, torch.int64)

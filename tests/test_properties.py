@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import configuration as _hypothesis_configuration
 from hypothesis import strategies as st
 
 from isolated import describe, run_isolated
@@ -31,6 +34,8 @@ from kernels.ntk import fc_kernel
 from kernels.snnk import SNNKLinear, least_squares
 from kernels.toeplitz import FDTNO, TNO, ski_matvec, toeplitz_dense, toeplitz_matvec
 
+# Hypothesis keeps small caches (no example database here): outside the repository.
+_hypothesis_configuration.set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "nnk-hypothesis")
 SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 FLOATS = (torch.float32, torch.float64)
