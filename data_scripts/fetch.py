@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import http.client
 import math
@@ -59,6 +58,11 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 from typing import Callable, Optional, Union
+
+try:  # POSIX: one download of a file at a time (the .part file is locked)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "DATA_ENV_VAR",
@@ -408,7 +412,8 @@ def _download_to_part(url: str, part: Path, dest: Path, *, size: Optional[int], 
     """
     with open(part, "ab") as out:
         try:
-            fcntl.flock(out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if fcntl is not None:
+                fcntl.flock(out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise DatasetUnavailableError(
                 f"another process is downloading {dataset} to {part}; wait for it to finish"
