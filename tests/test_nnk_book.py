@@ -224,3 +224,19 @@ def test_configure_torch_sets_threads_and_seed(monkeypatch) -> None:
                 nnk_book.configure_torch(0, threads=bad)
     finally:
         torch.set_num_threads(saved)
+
+
+def test_mean_interval_matches_scipy_and_separation_rules() -> None:
+    from scipy import stats
+
+    values = [0.81, 0.79, 0.86, 0.83]
+    mean, half = nnk_book.mean_interval(values)
+    lo, hi = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
+    assert mean == pytest.approx(np.mean(values)) and half == pytest.approx((hi - lo) / 2)
+    assert np.isnan(nnk_book.mean_interval([1.0])[1])
+    with pytest.raises(ValueError):
+        nnk_book.mean_interval([])
+    assert nnk_book.intervals_separate((1.0, 0.1), (1.5, 0.1))
+    assert not nnk_book.intervals_separate((1.0, 0.3), (1.5, 0.3))
+    assert not nnk_book.intervals_separate([1.0], [5.0]), "one seed gives no interval"
+    assert nnk_book.intervals_separate([1.0, 1.1, 0.9], [2.0, 2.1, 1.9])

@@ -13,6 +13,7 @@ it. It is installed with the project (``pip install -e .``), so a notebook needs
 ``sys.path`` edits.
 """
 
+from nnk_book.stats import intervals_separate, mean_interval
 from nnk_book.records import bench_results, machine_line, paper_scale_rows, recorded_run
 from nnk_book.figures import FigureLegibilityError, check_legible, figure_png, use_book_style
 from nnk_book.results import Recorder, configure_torch, generator, html_table, plain
@@ -32,6 +33,8 @@ __all__ = [
     "figure_png",
     "generator",
     "html_table",
+    "intervals_separate",
+    "mean_interval",
     "plain",
     "use_book_style",
 ]

@@ -1,0 +1,54 @@
+"""Comparing methods over seeds: means with 95 % intervals, and when an ordering is claimed.
+
+The book compares methods over at least three seeds and claims an ordering only where
+the 95 % intervals of the two means do not overlap; everything else is a tie at the
+chapter's scale. These are the two functions every chapter uses for that.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence, Union
+
+import numpy as np
+
+Interval = tuple[float, float]
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """``(mean, half_width)`` of the Student-t interval for the mean of ``values``.
+
+    ``values`` are independent repetitions (seeds, splits). The half-width is
+    ``t_{(1+c)/2, n-1} * s / sqrt(n)`` with the sample standard deviation ``s``; it is
+    ``nan`` for a single value (no interval can be given).
+    """
+    from scipy import stats
+
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if v.size == 0:
+        raise ValueError("values must hold at least one number")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if v.size == 1:
+        return float(v[0]), float("nan")
+    half = stats.t.ppf(0.5 + confidence / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
+    return float(v.mean()), float(half)
+
+
+def intervals_separate(a: Union[Interval, Sequence[float]], b: Union[Interval, Sequence[float]]) -> bool:
+    """Whether two 95 % intervals do not overlap (so an ordering may be claimed).
+
+    Each argument is either a ``(mean, half_width)`` pair from :func:`mean_interval` or
+    the list of per-seed values itself. An interval with a ``nan`` half-width (one seed)
+    separates from nothing.
+    """
+    (ma, ha), (mb, hb) = (_as_interval(x) for x in (a, b))
+    if math.isnan(ha) or math.isnan(hb):
+        return False
+    return bool(abs(ma - mb) > ha + hb)
+
+
+def _as_interval(x: Union[Interval, Sequence[float]]) -> Interval:
+    if isinstance(x, tuple) and len(x) == 2:
+        return float(x[0]), float(x[1])
+    return mean_interval(x)
