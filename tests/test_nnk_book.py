@@ -240,3 +240,16 @@ def test_mean_interval_matches_scipy_and_separation_rules() -> None:
     assert not nnk_book.intervals_separate((1.0, 0.3), (1.5, 0.3))
     assert not nnk_book.intervals_separate([1.0], [5.0]), "one seed gives no interval"
     assert nnk_book.intervals_separate([1.0, 1.1, 0.9], [2.0, 2.1, 1.9])
+
+
+def test_show_recorded_run_glues_the_record(capsys) -> None:
+    record = Recorder(glue=False)
+    data = nnk_book.show_recorded_run("03_bundling", "bnd", [("x", "bnd_reg_splits", "{}")], {"bnd_reg_splits": 3},
+                                      record)
+    assert data is not None
+    assert record.results["bnd_full_reg_splits"] == data["values"]["bnd_reg_splits"]
+    assert record.results["bnd_full_current"] in (True, False)
+    assert "recorded" in capsys.readouterr().out
+    missing = Recorder(glue=False)
+    assert nnk_book.show_recorded_run("01_ntk", "ntk", [("y", "ntk_a", "{}")], {}, missing) is None
+    assert missing.results["ntk_full_a"] == "n/a" and missing.results["ntk_full_current"] is False

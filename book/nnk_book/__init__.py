@@ -14,7 +14,7 @@ it. It is installed with the project (``pip install -e .``), so a notebook needs
 """
 
 from nnk_book.stats import intervals_separate, mean_interval
-from nnk_book.records import bench_results, machine_line, paper_scale_rows, recorded_run
+from nnk_book.records import bench_results, machine_line, paper_scale_rows, recorded_run, show_recorded_run
 from nnk_book.figures import FigureLegibilityError, check_legible, figure_png, use_book_style
 from nnk_book.results import Recorder, configure_torch, generator, html_table, plain
 from nnk_book.widgets import Choice, figure_explorer
@@ -27,6 +27,7 @@ __all__ = [
     "machine_line",
     "paper_scale_rows",
     "recorded_run",
+    "show_recorded_run",
     "check_legible",
     "configure_torch",
     "figure_explorer",

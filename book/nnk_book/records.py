@@ -98,3 +98,42 @@ def paper_scale_rows(rows: Sequence[tuple[str, str, str]], this_run: dict[str, A
     recorded = (record or {}).get("values", {})
     return [[label, _show(this_run.get(key), spec), _show(recorded.get(key), spec)]
             for label, key, spec in rows]
+
+
+def show_recorded_run(chapter: str, prefix: str, rows: Sequence[tuple[str, str, str]],
+                      this_run: dict[str, Any], record: Any, profile: str = "full") -> dict[str, Any] | None:
+    """Show a chapter's recorded paper-scale run beside this run, and glue its values.
+
+    Prints where the record comes from (date, commit, minutes, threads, note, and whether
+    the chapter's code changed since), displays a table ``what | this run | recorded run``
+    for ``rows`` of ``(what, glued name, format)``, and records each recorded value as
+    ``<prefix>_full_<name without prefix>`` ("n/a" when there is no record) plus
+    ``<prefix>_full_recorded``, ``_minutes``, ``_threads`` and ``_current`` for the
+    prose. ``record`` is the chapter's :class:`~nnk_book.Recorder`. Returns the record.
+    """
+    from IPython.display import display
+
+    from nnk_book.results import html_table
+
+    data = recorded_run(chapter, profile)
+    values = (data or {}).get("values", {})
+    if data is None:
+        print(f"book/runs/{chapter}.{profile}.json is missing: run `make record CHAPTERS={chapter}` "
+              "to record the paper-scale version")
+    else:
+        machine = data.get("machine", {})
+        state = {True: "the chapter's code is unchanged since",
+                 False: "the chapter's experiments changed since: re-record with make record",
+                 None: "whether the chapter changed since cannot be told"}[data["current"]]
+        print(f"recorded {data['recorded']} at commit {data['commit']}: {data['seconds'] / 60:.0f} min on "
+              f"{machine.get('cpu', '?')} with {machine.get('threads', '?')} thread(s); {state}. "
+              f"Note: {data.get('note') or 'none'}")
+        display(html_table(["result", "this run", f"recorded {profile} run"],
+                           paper_scale_rows(rows, this_run, data)))
+    for _, key, _ in rows:
+        record(f"{prefix}_full_{key[len(prefix) + 1:]}", values.get(key, "n/a"))
+    record(f"{prefix}_full_recorded", data["recorded"] if data else "n/a")
+    record(f"{prefix}_full_minutes", data["seconds"] / 60 if data else "n/a")
+    record(f"{prefix}_full_threads", data.get("machine", {}).get("threads", "n/a") if data else "n/a")
+    record(f"{prefix}_full_current", bool(data and data["current"]))
+    return data
