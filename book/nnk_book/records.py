@@ -48,10 +48,11 @@ def code_hash(notebook: Path | str) -> str:
     nb = nbformat.reads(Path(notebook).read_text(), as_version=4) if Path(notebook).exists() else None
     if nb is None:
         raise FileNotFoundError(notebook)
-    return _hash_cells(nb)
+    return hash_cells(nb)
 
 
-def _hash_cells(nb: Any) -> str:
+def hash_cells(nb: Any) -> str:
+    """Hash of the code cells of a notebook object (see :func:`code_hash`)."""
     h = hashlib.sha256()
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -67,7 +68,7 @@ def _code_hash_at(commit: str, chapter: str) -> str | None:
                               capture_output=True, text=True, check=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return _hash_cells(nbformat.reads(text, as_version=4))
+    return hash_cells(nbformat.reads(text, as_version=4))
 
 
 def recorded_run(chapter: str, profile: str = "full") -> dict[str, Any] | None:
@@ -123,7 +124,8 @@ def show_recorded_run(chapter: str, prefix: str, rows: Sequence[tuple[str, str, 
     else:
         machine = data.get("machine", {})
         state = {True: "the chapter's code is unchanged since",
-                 False: "the chapter's experiments changed since: re-record with make record",
+                 False: "the chapter's code changed since (re-record with make record to be sure "
+                        "the numbers are current)",
                  None: "whether the chapter changed since cannot be told"}[data["current"]]
         print(f"recorded {data['recorded']} at commit {data['commit']}: {data['seconds'] / 60:.0f} min on "
               f"{machine.get('cpu', '?')} with {machine.get('threads', '?')} thread(s); {state}. "

@@ -29,7 +29,7 @@ from typing import Any
 
 import nbformat
 
-from nnk_book.records import code_hash
+from nnk_book.records import hash_cells
 from nnk_book.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +63,14 @@ def _git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def executed_code_hash(nb: Any) -> str:
+    """:func:`nnk_book.records.code_hash` of the code an executed notebook ran (its
+    injected-parameters cell left out, so it compares with the chapter's source)."""
+    source = nbformat.v4.new_notebook(cells=[
+        c for c in nb.cells if "injected-parameters" not in c.get("metadata", {}).get("tags", [])])
+    return hash_cells(source)
 
 
 def record(
@@ -102,7 +110,7 @@ def record(
         "commit": commit or _git("rev-parse", "--short", "HEAD"),
         # The chapter's code cells as recorded: nnk_book.recorded_run tells a chapter
         # whether its experiments changed since (the record is then stale).
-        "code_hash": code_hash(ROOT / "chapters" / f"{chapter}.ipynb"),
+        "code_hash": executed_code_hash(nb),
         "parameters": meta.get("parameters", {}),
         "machine": {"cpu": _cpu_model(), "logical_cores": os.cpu_count(), "threads": threads},
         "values": {name: _jsonable(v) for name, v in sorted(values.items())},
