@@ -20,6 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import configuration as _hypothesis_configuration
 from hypothesis import strategies as st
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with runpy from a child process
+from strategies import check_clear, near, size  # noqa: E402
+
 from kernels import _ext
 from kernels.hadamard import BHProjection, bh_project_fused, fwht, fwht_torch
 from kernels.lookup import (
@@ -54,21 +57,6 @@ def tensors(draw, shape, dtypes=DTYPES, special=True, dtype=None):
         x = x.clone()
         x[tuple(int(i) for i in torch.unravel_index(torch.tensor(draw(st.integers(0, x.numel() - 1))), x.shape))] = draw(st.sampled_from([math.nan, math.inf]))
     return x
-
-
-def size(high: int):
-    """A size in 1..high, now and then 0."""
-    return st.integers(0, 9).flatmap(lambda i: st.just(0) if i == 9 else st.integers(1, high))
-
-
-def near(side: int):
-    """A size near ``side``: mostly equal (valid calls), sometimes 0 or one more."""
-    return st.integers(0, 7).flatmap(lambda i: st.just(side) if i < 6 else st.sampled_from([0, side + 1]))
-
-
-def check_clear(exc: BaseException, *names: str) -> None:
-    assert isinstance(exc, (ValueError, TypeError)), f"unclear error {type(exc).__name__}: {exc}"
-    assert any(name in str(exc) for name in names), f"the message names none of {names}: {exc}"
 
 
 def finite(*ts) -> bool:
