@@ -367,7 +367,10 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _print(line: str) -> None:
-    print(line, flush=True)
+    # One write per line: chapters report from several threads, and print() writes the
+    # text and its newline separately, so two lines could run together.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def run(
