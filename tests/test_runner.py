@@ -195,8 +195,11 @@ def test_ctrl_c_stops_the_runner_and_its_chapters(fixtures, tmp_path) -> None:
         f"run_chapters.PROFILES = Path({str(profiles)!r})\n"
         f"sys.exit(run_chapters.main(['slow', '--out', {str(tmp_path / 'out')!r}, '--no-cache']))\n")
     env = dict(os.environ, PYTHONPATH=str(run_chapters.Path(run_chapters.__file__).parent))
+    # Started with SIGINT ignored, as a background job of a non-interactive shell (a CI
+    # script) is: the runner must still stop on it.
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     log = tmp_path / "out" / "ci" / "slow.log"
     deadline = time.time() + 60
     while time.time() < deadline and "Executing Cell 2" not in (log.read_text() if log.exists() else ""):

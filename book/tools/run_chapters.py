@@ -470,14 +470,22 @@ def _raise_interrupt(signum: int, frame: Any) -> None:  # noqa: ARG001
 
 
 def _install_sigterm() -> Any:
+    """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread while chapters run.
+
+    SIGINT too: a process started in the background by a non-interactive shell (a CI
+    script, ``cmd &``) inherits SIGINT ignored, and Python then keeps it ignored, so
+    neither Ctrl-C nor ``kill -INT`` would stop the runner.
+    """
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGTERM, _raise_interrupt)
+    return (signal.signal(signal.SIGTERM, _raise_interrupt),
+            signal.signal(signal.SIGINT, signal.default_int_handler))
 
 
 def _restore_sigterm(previous: Any) -> None:
     if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
