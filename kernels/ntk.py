@@ -1047,6 +1047,17 @@ def _train_spectrum(
     return _TrainSpectrum(evals, evecs, positive, y, residual)
 
 
+def _check_test_train(ntk_test_train: torch.Tensor, n: int) -> torch.Tensor:
+    """Check a test-by-train kernel block: 2-D, one column per training point."""
+    ntk_test_train = check_tensor("ntk_test_train", ntk_test_train, ndim=2)
+    if ntk_test_train.shape[1] != n:
+        raise ValueError(
+            f"ntk_test_train must have N = {n} columns (one per training point), got "
+            f"shape {tuple(ntk_test_train.shape)}"
+        )
+    return ntk_test_train
+
+
 def _check_discrete(discrete: object) -> bool:
     if not isinstance(discrete, bool):
         raise TypeError(f"discrete must be True or False, got {type(discrete).__name__}")
@@ -1190,12 +1201,7 @@ def gd_mse_predictor(
     out_dtype = ntk_train_train.dtype
     tail = tuple(y_train.shape[1:])
     if ntk_test_train is not None:
-        ntk_test_train = check_tensor("ntk_test_train", ntk_test_train, ndim=2)
-        if ntk_test_train.shape[1] != n:
-            raise ValueError(
-                f"ntk_test_train must have N = {n} columns (one per training point), got "
-                f"shape {tuple(ntk_test_train.shape)}"
-            )
+        ntk_test_train = _check_test_train(ntk_test_train, n)
         m = ntk_test_train.shape[0]
         f0_test = _check_like("f0_test", f0_test, (m,) + tail, device)
     elif f0_test is not None:
@@ -1354,12 +1360,7 @@ def gd_mse_ensemble(
     nngp_train_train = _check_like(
         "nngp_train_train", nngp_train_train, (n, n), device
     )
-    ntk_test_train = check_tensor("ntk_test_train", ntk_test_train, ndim=2)
-    if ntk_test_train.shape[1] != n:
-        raise ValueError(
-            f"ntk_test_train must have N = {n} columns (one per training point), got "
-            f"shape {tuple(ntk_test_train.shape)}"
-        )
+    ntk_test_train = _check_test_train(ntk_test_train, n)
     m = ntk_test_train.shape[0]
     nngp_test_train = _check_like("nngp_test_train", nngp_test_train, (m, n), device)
     nngp_test_test = _check_like("nngp_test_test", nngp_test_test, (m, m), device)
