@@ -370,6 +370,16 @@ def test_every_method_shapes(method):
 # ---------------------------------------------------------------- NTK measures
 
 
+def per_example_gradients(model, x, params):
+    """The naive reference: one autograd call per example, gradients flattened into a row."""
+    rows = []
+    for i in range(x.shape[0]):
+        gs = torch.autograd.grad(model(x[i : i + 1]).sum(), params)
+        rows.append(torch.cat([t.flatten() for t in gs]))
+    return torch.stack(rows)
+
+
+
 def test_gradients_match_autograd_loop_and_empirical_ntk():
     mlp = compress_sequential(make_mlp(), 8, method="fusion")
     u = torch.randn(6, dtype=F64, generator=torch.Generator().manual_seed(5))
@@ -377,13 +387,10 @@ def test_gradients_match_autograd_loop_and_empirical_ntk():
     x = inputs()
     g = mlp_gradients(mlp, lambda m: m(x) @ u)
     params = [mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias]
-    rows = []
-    for i in range(x.shape[0]):
-        gs = torch.autograd.grad(model(x[i : i + 1]).sum(), params)
-        rows.append(torch.cat([t.flatten() for t in gs]))
-    torch.testing.assert_close(g, torch.stack(rows))
+    rows = per_example_gradients(model, x, params)
+    torch.testing.assert_close(g, rows)
     torch.testing.assert_close(sgd_kernel(g), empirical_ntk(model, x, method="jacobian"))
-    naive = torch.stack(rows) @ torch.sign(torch.stack(rows)).T
+    naive = rows @ torch.sign(rows).T
     torch.testing.assert_close(sign_kernel(g), naive)
 
 
@@ -395,11 +402,8 @@ def test_gradients_of_low_rank_layers_match_autograd_and_empirical_ntk(k):
     x = inputs()
     g = mlp_gradients(mlp, lambda m: m(x) @ u)
     params = [mlp[0].u, mlp[0].v, mlp[0].bias, mlp[2].u, mlp[2].v, mlp[2].bias]
-    rows = []
-    for i in range(x.shape[0]):
-        gs = torch.autograd.grad(model(x[i : i + 1]).sum(), params)
-        rows.append(torch.cat([t.flatten() for t in gs]))
-    torch.testing.assert_close(g, torch.stack(rows))
+    rows = per_example_gradients(model, x, params)
+    torch.testing.assert_close(g, rows)
     torch.testing.assert_close(sgd_kernel(g), empirical_ntk(model, x, method="jacobian"))
 
 
