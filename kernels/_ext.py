@@ -21,7 +21,10 @@ inner loops also check every index they compute.
 Every Python wrapper validates its arguments before calling the kernels, and the C++
 entry points check shapes, dtypes and sizes again, so a bad argument is a
 ``ValueError``/``TypeError`` (or, for a direct call of the compiled module, a
-``RuntimeError``), never a crash.
+``RuntimeError``), never a crash. (One exception: with a torch built by another C++
+toolchain than the local g++, a C++ error cannot reach Python at all and kills the
+interpreter; :func:`cpp_errors_propagate` detects that once and warns. The Python checks
+still stand in front of every compiled call, so only direct calls are exposed.)
 
 Concurrency and interrupted builds. A compile takes about a minute. It runs in a child
 process (``python -m kernels._ext``) that holds an exclusive ``fcntl`` lock on
@@ -58,6 +61,7 @@ from typing import Iterator, Optional
 
 __all__ = [
     "build",
+    "cpp_errors_propagate",
     "load_extension",
     "extension_available",
     "build_directory",
@@ -282,6 +286,85 @@ def build(verbose: bool = False) -> ModuleType:
             ) from exc
         _failure = None
         return _module
+
+
+_PROBE = """
+import torch
+from kernels._ext import build
+try:
+    build().raise_error()
+except RuntimeError:
+    print("propagates")
+"""
+
+
+def _probe_error_propagation() -> tuple[bool, str]:
+    """Call the module's ``raise_error`` in a child process: ``(True, "")`` when the C++
+    error arrives as a ``RuntimeError``, else ``(False, how the child ended)``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1])] + [p for p in [env.get("PYTHONPATH")] if p]
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                              text=True, timeout=max(60.0, build_timeout()))
+    except subprocess.TimeoutExpired:
+        return False, "the probe did not finish"
+    if proc.returncode == 0 and proc.stdout.strip() == "propagates":
+        return True, ""
+    if proc.returncode < 0:
+        return False, f"the probe was killed by {signal.Signals(-proc.returncode).name}"
+    return False, f"the probe exited with status {proc.returncode}: {proc.stderr.strip()[-300:]}"
+
+
+_propagates: Optional[bool] = None
+
+
+def cpp_errors_propagate() -> bool:
+    """Whether an error raised inside the compiled module reaches Python as a ``RuntimeError``.
+
+    It does with the pinned environment. With a torch built by another C++ toolchain than
+    the local g++ (seen with a CUDA build of torch 2.11 and Ubuntu's g++ 13.3), *any*
+    ``TORCH_CHECK`` that fails inside an extension kills the interpreter with SIGSEGV.
+    Normal use is safe there too, because every wrapper in ``kernels`` validates its
+    arguments in Python before the compiled call; what is unsafe is a direct call of the
+    compiled module with bad arguments, and the debug build (``NN_KERNELS_EXT_DEBUG=1``),
+    whose index checks are C++ errors. Checked once per compiled module in a child
+    process; the answer is kept beside the module (``<module>.errors``).
+    """
+    global _propagates
+    if _propagates is not None:
+        return _propagates
+    directory = build_directory()
+    library = directory / f"{_module_name()}.so"
+    marker = directory / f"{_module_name()}.errors"
+    build()
+    stamp = str(library.stat().st_mtime_ns)
+    try:
+        saved = marker.read_text().split()
+    except OSError:
+        saved = []
+    if len(saved) >= 2 and saved[0] == stamp:
+        _propagates = saved[1] == "propagate"
+        return _propagates
+    ok, how = _probe_error_propagation()
+    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{stamp} {'propagate' if ok else 'crash'}\n")
+    os.replace(tmp, marker)
+    if not ok:
+        import torch
+
+        warnings.warn(
+            f"an error raised inside the compiled kernels crashes this interpreter ({how}): "
+            f"torch {torch.__version__} and the local C++ compiler do not share a C++ runtime. "
+            "kernels checks every argument in Python before a compiled call, so normal use "
+            "is safe; direct calls of the compiled module with bad arguments and the debug "
+            f"build (${DEBUG_ENV_VAR}=1) are not.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    _propagates = ok
+    return ok
 
 
 def load_extension() -> Optional[ModuleType]:

@@ -110,3 +110,16 @@ def test_bad_timeout_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
     assert _ext.build_timeout() == 30.0
     monkeypatch.delenv("NN_KERNELS_EXT_TIMEOUT")
     assert _ext.build_timeout() == _ext.DEFAULT_TIMEOUT_S
+
+
+def test_error_propagation_probe_tells_a_crash_from_an_error(monkeypatch) -> None:
+    """The probe answers True with the pinned toolchain (a C++ error arrives as a
+    RuntimeError) and False, without crashing us, when the child dies of a signal."""
+    ok, how = _ext._probe_error_propagation()
+    assert ok and how == "", how
+    monkeypatch.setattr(_ext, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    ok, how = _ext._probe_error_propagation()
+    assert not ok and "SIGSEGV" in how
+    monkeypatch.setattr(_ext, "_PROBE", "raise SystemExit(3)")
+    ok, how = _ext._probe_error_propagation()
+    assert not ok and "status 3" in how
