@@ -34,7 +34,10 @@ What is here:
   row materialised -- the reference and the "naive" timing baseline;
 * :func:`lookup_forward_fused`: the fused, multi-threaded C++ inference kernel
   (codes, weights and gather-accumulate in one pass per token, nothing per-table
-  materialised), built by :mod:`kernels._ext`;
+  materialised), built by :mod:`kernels._ext`; it also reads float16/bfloat16 tables
+  (:data:`TABLE_DTYPES`) with float32 accumulation, which halves the bytes the gather
+  streams (:class:`LookupFFN`'s ``table_dtype``; chapter 5, section "Half-width tables:
+  what rounding costs in perplexity", bounds the error and measures the cost);
 * :class:`LookupFFN`, and the baselines of the chapter's language model:
   :class:`VanillaFFN`, :class:`BlockDiagonalFFN` (grouped linear + channel shuffle) and
   :class:`Top1MoEFFN` (switch-style top-1 mixture of experts) and :class:`LSHSparseFFN`
