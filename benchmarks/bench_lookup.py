@@ -226,7 +226,7 @@ def configure_xla_threads(threads: int) -> str:
     """Set ``XLA_FLAGS`` (before jax is imported) so that XLA runs on ``threads`` threads
     like torch: one thread = no Eigen thread pool and one intra-op thread; more = XLA's
     default pool over all cores (it has no finer knob on the CPU). Returns the setting."""
-    if "jax" in sys.modules:
+    if sys.modules.get("jax") is not None:
         raise RuntimeError("configure_xla_threads must run before jax is imported")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if threads == 1:
