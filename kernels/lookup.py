@@ -34,7 +34,10 @@ What is here:
   row materialised -- the reference and the "naive" timing baseline;
 * :func:`lookup_forward_fused`: the fused, multi-threaded C++ inference kernel
   (codes, weights and gather-accumulate in one pass per token, nothing per-table
-  materialised), built by :mod:`kernels._ext`;
+  materialised), built by :mod:`kernels._ext`; it also reads float16/bfloat16 tables
+  (:data:`TABLE_DTYPES`) with float32 accumulation, which halves the bytes the gather
+  streams (:class:`LookupFFN`'s ``table_dtype``; chapter 5, section "Half-width tables:
+  what rounding costs in perplexity", bounds the error and measures the cost);
 * :class:`LookupFFN`, and the baselines of the chapter's language model:
   :class:`VanillaFFN`, :class:`BlockDiagonalFFN` (grouped linear + channel shuffle) and
   :class:`Top1MoEFFN` (switch-style top-1 mixture of experts) and :class:`LSHSparseFFN`
@@ -102,12 +105,16 @@ __all__ = [
     "block_diagonal_ffn_flops",
     "moe_ffn_flops",
     "LOOKUP_BACKENDS",
+    "TABLE_DTYPES",
     "MAX_TAU",
     "DEFAULT_MAX_TABLE_BYTES",
 ]
 
 #: Implementations of :meth:`LookupFFN.forward`.
 LOOKUP_BACKENDS = ("auto", "torch", "naive", "fused")
+#: Half-width storage the fused kernels can read tables in (float32 inputs, float32
+#: accumulation): see :class:`LookupFFN`'s ``table_dtype``.
+TABLE_DTYPES = (torch.float16, torch.bfloat16)
 #: Codes are int64 and a table has ``2**tau`` rows; beyond this nothing fits anyway.
 MAX_TAU = 40
 #: Default cap on the memory of a LookupFFN's tables (4 GiB).
@@ -142,7 +149,7 @@ def _check_tables(tables: Any) -> tuple[int, int, int]:
     return h, rows.bit_length() - 1, d_out
 
 
-def _check_z_tables(z: Any, tables: Any) -> tuple[int, int, int]:
+def _check_z_tables(z: Any, tables: Any, same_dtype: bool = True) -> tuple[int, int, int]:
     h, tau, d_out = _check_tables(tables)
     _check_z(z, tau)
     if z.shape[-1] != h * tau:
@@ -150,7 +157,7 @@ def _check_z_tables(z: Any, tables: Any) -> tuple[int, int, int]:
             f"z must have last dimension h * tau = {h} * {tau} = {h * tau} to match tables "
             f"of shape {tuple(tables.shape)}, got {z.shape[-1]}"
         )
-    if z.dtype != tables.dtype:
+    if same_dtype and z.dtype != tables.dtype:
         raise TypeError(f"z and tables must have the same dtype, got {z.dtype} and {tables.dtype}")
     return h, tau, d_out
 
@@ -324,13 +331,31 @@ def lookup_gather(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
     return LookupGatherFunction.apply(z, tables, scaled)
 
 
+def _check_fused_table_dtype(z_name: str, z: Tensor, tables: Tensor) -> None:
+    """Tables of the input's dtype, or float16/bfloat16 tables with float32 inputs."""
+    if tables.dtype in TABLE_DTYPES:
+        if z.dtype != torch.float32:
+            raise TypeError(
+                f"{tables.dtype} tables need {z_name} as float32 (the kernel accumulates in "
+                f"float32), got {z.dtype}"
+            )
+    elif tables.dtype != z.dtype:
+        raise TypeError(
+            f"{z_name} and tables must have the same dtype (or float16/bfloat16 tables with "
+            f"float32 {z_name}), got {z.dtype} and {tables.dtype}"
+        )
+
+
 def _check_fused_inputs(z: Any, tables: Any, z_name: str = "z") -> None:
     for name, value in ((z_name, z), ("tables", tables)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-        if value.dtype not in (torch.float32, torch.float64):
+        allowed = (torch.float32, torch.float64) + (TABLE_DTYPES if name == "tables" else ())
+        if value.dtype not in allowed:
             raise TypeError(
-                f"the fused kernel needs {name} as float32 or float64, got {value.dtype}"
+                f"the fused kernel needs {name} as "
+                + ("float32, float64, float16 or bfloat16" if name == "tables" else "float32 or float64")
+                + f", got {value.dtype}"
             )
         if value.device.type != "cpu":
             raise ValueError(f"the fused kernel runs on the CPU; {name} is on {value.device}")
@@ -342,20 +367,24 @@ def _check_fused_inputs(z: Any, tables: Any, z_name: str = "z") -> None:
     if z.ndim != 2:
         want = "(tokens, h * tau)" if z_name == "z" else "(tokens, h)"
         raise ValueError(f"{z_name} must have shape {want} for the fused kernel, got {tuple(z.shape)}")
+    _check_fused_table_dtype(z_name, z, tables)
 
 
 def lookup_forward_fused(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
     """Fused C++ inference kernel: :func:`lookup_gather`'s forward in one pass per token.
 
     ``z``: ``(tokens, h * tau)``, ``tables``: ``(h, 2**tau, d_out)``, both contiguous
-    CPU float32/float64 of the same dtype (anything else is a clear error; no silent
-    copies). Per token it computes the ``h`` codes and weights (vectorised
-    exponentials), then accumulates the ``h`` rows into the output row, which stays in
-    L1, prefetching the row 8 tables ahead; tokens are spread over torch's threads.
-    No gradients. Raises ``RuntimeError`` when the extension cannot be built.
+    CPU float32/float64 of the same dtype -- or float32 ``z`` with float16/bfloat16
+    ``tables`` (:data:`TABLE_DTYPES`): each entry is widened to float32 as it is read
+    and accumulated in float32, so only the bytes the gather streams halve (anything
+    else is a clear error; no silent copies). Per token it computes the ``h`` codes and
+    weights (vectorised exponentials), then accumulates the ``h`` rows into the output
+    row, which stays in L1, prefetching the row 8 tables ahead; tokens are spread over
+    torch's threads. The result has ``z``'s dtype. No gradients. Raises
+    ``RuntimeError`` when the extension cannot be built.
     """
     _check_fused_inputs(z, tables)
-    _check_z_tables(z, tables)
+    _check_z_tables(z, tables, same_dtype=False)
     if not isinstance(scaled, bool):
         raise TypeError(f"scaled must be a bool, got {scaled!r}")
     from kernels._ext import build
@@ -371,7 +400,8 @@ def lookup_bh_forward_fused(
 
     ``x``: contiguous ``(tokens, d_model)`` CPU float32/float64; ``projection`` a
     :class:`~kernels.hadamard.BHProjection` to ``h * tau`` features with ``block`` a
-    multiple of 16; ``tables`` ``(h, 2**tau, d_out)`` contiguous, same dtype. Per tile
+    multiple of 16; ``tables`` ``(h, 2**tau, d_out)`` contiguous, of ``x``'s dtype or,
+    with float32 ``x``, float16/bfloat16 (as in :func:`lookup_forward_fused`). Per tile
     of 8 tokens (one thread): the ``m`` rounds of block products and FWHTs (eq. 19),
     then codes, weights and the gather-accumulate of :func:`lookup_forward_fused`; the
     soft codes live only in a per-thread buffer. No gradients.
@@ -381,7 +411,9 @@ def lookup_bh_forward_fused(
     if not isinstance(projection, BHProjection):
         raise TypeError(f"projection must be a BHProjection, got {type(projection).__name__}")
     _check_fused_array("x", x)
-    _check_fused_array("tables", tables)
+    if x.ndim != 2:
+        raise ValueError(f"x must have shape (tokens, d_model) for the fused kernel, got {tuple(x.shape)}")
+    _check_fused_inputs(x, tables, z_name="x")
     h, tau, d_out = _check_tables(tables)
     if projection.out_features != h * tau:
         raise ValueError(
@@ -389,10 +421,9 @@ def lookup_bh_forward_fused(
             f"{tuple(tables.shape)}, got out_features={projection.out_features}"
         )
     blocks_dtype = getattr(projection.blocks, "dtype", None)
-    if not (x.dtype == tables.dtype == blocks_dtype):
+    if x.dtype != blocks_dtype:
         raise TypeError(
-            f"x, tables and the projection must share one dtype, got {x.dtype}, "
-            f"{tables.dtype} and {blocks_dtype}"
+            f"x and the projection must share one dtype, got {x.dtype} and {blocks_dtype}"
         )
     blocks = _check_fused_projection(x, projection)
     if not isinstance(scaled, bool):
@@ -410,8 +441,9 @@ def gather_fused(
 
     ``codes`` ``(tokens, h)`` int64 in ``[0, 2**tau)``, ``weights`` ``(tokens, h)`` and
     ``tables`` ``(h, 2**tau, d_out)`` contiguous CPU tensors. Used to time the gather
-    on its own (the paper's Table 6 breakdown). Codes are range-checked. ``out``: an
-    optional preallocated contiguous ``(tokens, d_out)`` result of the tables' dtype
+    on its own (the paper's Table 6 breakdown). Codes are range-checked. ``weights``
+    have the tables' dtype, or float32 with float16/bfloat16 tables. ``out``: an
+    optional preallocated contiguous ``(tokens, d_out)`` result of the weights' dtype
     (reusing it keeps the first-touch page faults of a fresh output out of timings).
     """
     h, tau, d_out = _check_tables(tables)
@@ -424,18 +456,18 @@ def gather_fused(
     if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 2**tau):
         raise ValueError(f"codes must lie in [0, {2**tau}), got values outside")
     _check_fused_inputs(weights, tables, z_name="weights")
-    if weights.shape != codes.shape or weights.dtype != tables.dtype:
-        raise ValueError("weights must have the shape of codes and the dtype of tables")
+    if weights.shape != codes.shape:
+        raise ValueError(f"weights must have the shape of codes {tuple(codes.shape)}, got {tuple(weights.shape)}")
     if not codes.is_contiguous():
         raise ValueError("codes must be contiguous")
     if out is None:
-        out = torch.empty(codes.shape[0], d_out, dtype=tables.dtype)
+        out = torch.empty(codes.shape[0], d_out, dtype=weights.dtype)
     else:
         if (not isinstance(out, torch.Tensor) or out.shape != (codes.shape[0], d_out)
-                or out.dtype != tables.dtype or not out.is_contiguous() or out.device.type != "cpu"):
+                or out.dtype != weights.dtype or not out.is_contiguous() or out.device.type != "cpu"):
             raise ValueError(
                 f"out must be a contiguous CPU tensor of shape ({codes.shape[0]}, {d_out}) "
-                f"and dtype {tables.dtype}"
+                f"and dtype {weights.dtype}"
             )
     from kernels._ext import build
 
@@ -474,6 +506,19 @@ class LookupFFN(nn.Module):
     CPU inputs when no gradient is needed (``torch.no_grad`` or ``inference_mode``) and
     the extension is available, the autograd path (:func:`lookup_gather`) otherwise;
     ``"torch"``, ``"naive"`` and ``"fused"`` force one implementation.
+
+    ``table_dtype``: ``None`` (default) or ``torch.float16`` / ``torch.bfloat16``
+    (:data:`TABLE_DTYPES`, float32 layers only; settable after training). Training stays
+    in float32: the ``tables`` parameter is the float32 master copy and every forward
+    pass that needs gradients uses it. Inference (no gradient enabled) uses a copy of
+    the tables rounded to ``table_dtype`` (:meth:`inference_tables`, remade whenever the
+    master changes): the fused kernel reads it directly -- half the bytes, float32
+    accumulation -- and the ``"torch"``/``"naive"`` backends compute with the rounded
+    values widened back to float32, so every backend gives the same function. Each
+    table entry then carries a relative rounding error of at most ``2**-11`` (float16,
+    entries of magnitude >= ``2**-14``; below that an absolute error <= ``2**-25``) or
+    ``2**-8`` (bfloat16), so ``|y - y_fp32| <= u * sum_k w_k |[T_k]_{g_k}|`` entrywise.
+    Chapter 5 measures what this costs in perplexity and buys in time.
     """
 
     def __init__(
@@ -487,10 +532,13 @@ class LookupFFN(nn.Module):
         block: int = 64,
         scaled: bool = True,
         max_table_bytes: int = DEFAULT_MAX_TABLE_BYTES,
+        table_dtype: Optional[torch.dtype] = None,
         generator: Optional[torch.Generator] = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        self._table_dtype: Optional[torch.dtype] = None
+        self._rounded: Optional[tuple[tuple, Tensor]] = None
         self.d_model = check_positive_int("d_model", d_model)
         self.h = check_positive_int("h", h)
         self.tau = _check_tau(tau)
@@ -529,11 +577,47 @@ class LookupFFN(nn.Module):
                 self.projection = DenseProjection(self.d_model, ht, generator=generator, dtype=dtype)
         tables = torch.randn(self.h, 2**self.tau, self.d_out, generator=generator, dtype=dtype)
         self.tables = nn.Parameter(tables / math.sqrt(ht))
+        self.table_dtype = table_dtype
+
+    @property
+    def table_dtype(self) -> Optional[torch.dtype]:
+        """Storage of the tables at inference: ``None`` (the master's dtype), float16 or bfloat16."""
+        return self._table_dtype
+
+    @table_dtype.setter
+    def table_dtype(self, value: Optional[torch.dtype]) -> None:
+        if value is not None:
+            if not isinstance(value, torch.dtype):
+                raise TypeError(f"table_dtype must be None or a torch.dtype, got {value!r}")
+            if value not in TABLE_DTYPES:
+                raise ValueError(
+                    f"table_dtype must be None, torch.float16 or torch.bfloat16, got {value}"
+                )
+            if self.tables.dtype != torch.float32:
+                raise ValueError(
+                    f"table_dtype needs a float32 layer (float32 master tables and inputs), got "
+                    f"tables of dtype {self.tables.dtype}"
+                )
+        self._table_dtype = value
+        self._rounded = None
+
+    def inference_tables(self) -> Tensor:
+        """The tables inference reads: ``tables`` rounded to :attr:`table_dtype` (a
+        detached copy, cached and remade when the master changes), or the master itself
+        (detached) when ``table_dtype`` is ``None``."""
+        master = self.tables.detach()
+        if self._table_dtype is None:
+            return master
+        key = (master.data_ptr(), master._version, tuple(master.shape), self._table_dtype)
+        if self._rounded is None or self._rounded[0] != key:
+            self._rounded = (key, master.to(self._table_dtype).contiguous())
+        return self._rounded[1]
 
     def extra_repr(self) -> str:
         return (
             f"d_model={self.d_model}, h={self.h}, tau={self.tau}, d_out={self.d_out}, "
             f"projection={self.projection_kind}, scaled={self.scaled}"
+            + (f", table_dtype={self._table_dtype}" if self._table_dtype is not None else "")
         )
 
     def codes(self, x: Tensor) -> Tensor:
@@ -576,12 +660,14 @@ class LookupFFN(nn.Module):
 
                 if load_extension() is not None:
                     backend = "fused"
-        if backend == "torch":
-            return lookup_gather(self.projection(x), self.tables, self.scaled)
-        if backend == "naive":
-            return lookup_gather_naive(self.projection(x), self.tables, self.scaled)
+        # inference with table_dtype: every backend computes with the rounded tables
+        rounded = self._table_dtype is not None and not torch.is_grad_enabled()
+        if backend in ("torch", "naive"):
+            tables = self.inference_tables().to(self.tables.dtype) if rounded else self.tables
+            gather = lookup_gather if backend == "torch" else lookup_gather_naive
+            return gather(self.projection(x), tables, self.scaled)
         lead = x.shape[:-1]
-        tables = self.tables.detach()
+        tables = self.inference_tables() if rounded else self.tables.detach()
         if isinstance(self.projection, BHProjection) and self.projection.block % 16 == 0:
             flat = x.detach().reshape(-1, self.d_model).contiguous()
             y = lookup_bh_forward_fused(flat, self.projection, tables, self.scaled)

@@ -83,7 +83,8 @@ def prop_lookup_forward_fused(data, n, h, tau, d_out, scaled) -> None:
     except Exception as exc:  # noqa: BLE001
         check_clear(exc, "z", "tables")
         return
-    close(y, lookup_gather(z, tables, scaled), z)
+    # float16/bfloat16 tables are widened exactly to z's float32 by the kernel
+    close(y, lookup_gather(z, tables.to(z.dtype), scaled), z)
 
 
 @SETTINGS

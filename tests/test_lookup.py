@@ -29,6 +29,7 @@ from kernels.lookup import (
     sign_matrix,
     table_bytes,
     vanilla_ffn_flops,
+    TABLE_DTYPES,
 )
 
 F64 = torch.float64
@@ -156,6 +157,110 @@ def test_fully_fused_bh_kernel_matches_torch(dtype, d_model, h, tau, block) -> N
     tol = 1e-11 if dtype == F64 else 2e-4
     torch.testing.assert_close(auto, want, rtol=tol, atol=tol)
     torch.testing.assert_close(direct.reshape(want.shape), want, rtol=tol, atol=tol)
+
+
+# Half-width tables (float16 / bfloat16, float32 accumulation). Two independent checks:
+# (1) against the literal formula (lookup_gather_naive in float64) on the *rounded* tables:
+#     only float32 arithmetic differs, so the float32 tolerance of the kernel tests applies;
+# (2) against the float32 tables, with the closed-form bound of rounding each entry once:
+#     |T - round(T)| <= u |T| + a, u = 2**-11 (float16; a = 2**-25 for entries below its
+#     normal range 2**-14, where the spacing is 2**-24) or 2**-8 (bfloat16, a = 0 at these
+#     magnitudes), so |y - y32| <= sum_k w_k (u |[T_k]_g| + a), plus float32 accumulation.
+_UNIT = {torch.float16: (2.0**-11, 2.0**-25), torch.bfloat16: (2.0**-8, 0.0)}
+
+
+def _rounding_bound(z: torch.Tensor, tables: torch.Tensor, dtype, scaled: bool) -> torch.Tensor:
+    """Entrywise bound on |y(rounded tables) - y(tables)|, computed in float64 from the
+    literal gather of |T| (lookup_gather_naive with |T| and unit weights' absolute values)."""
+    u, a = _UNIT[dtype]
+    z64, t64 = z.double(), tables.double()
+    w_abs_rows = lookup_gather_naive(z64, t64.abs(), scaled).abs()  # sum_k w_k |[T_k]_g| (w_k >= 0)
+    w_sum = lookup_gather_naive(z64, torch.ones_like(t64), scaled).abs()  # sum_k w_k
+    return u * w_abs_rows + a * w_sum
+
+
+@pytest.mark.parametrize("dtype", TABLE_DTYPES)
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize("n,h,tau,d_out", [(37, 7, 3, 9), (5, 16, 8, 64), (0, 2, 2, 3), (19, 1, 13, 5), (23, 12, 6, 130)])
+def test_half_tables_fused_kernel_matches_formula_and_rounding_bound(dtype, scaled, n, h, tau, d_out) -> None:
+    z, tables = _draw(n, h, tau, d_out, seed=18, dtype=torch.float32)
+    tables = tables / (h * tau) ** 0.5  # LookupFFN's initial scale: many entries below 2**-14
+    low = tables.to(dtype)
+    got = lookup_forward_fused(z, low, scaled)
+    assert got.dtype == torch.float32
+    # (1) the literal formula on the rounded tables
+    want = lookup_gather_naive(z.double(), low.double(), scaled)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    if n:
+        codes = hash_codes(z, tau).contiguous()
+        weights = lookup_weights(z, tau, scaled).contiguous()
+        torch.testing.assert_close(gather_fused(codes, weights, low).double(), want, rtol=1e-4, atol=1e-5)
+    # (2) against float32 tables: within the rounding bound (plus float32 accumulation)
+    exact = lookup_gather_naive(z.double(), tables.double(), scaled)
+    bound = _rounding_bound(z, tables, dtype, scaled)
+    slack = 1e-5 * exact.abs().amax() if n else 0.0
+    assert bool(((got.double() - exact).abs() <= bound * 1.001 + slack).all())
+    if n:  # and the bound is not vacuous: the error is a sizeable part of it
+        assert float((got.double() - exact).abs().max()) > 0.05 * float(bound.max())
+
+
+@pytest.mark.parametrize("dtype", TABLE_DTYPES)
+@pytest.mark.parametrize("d_model,h,tau,block", [(64, 16, 4, 16), (100, 40, 7, 32), (48, 30, 8, 16)])
+def test_half_tables_layer_every_backend_agrees_and_training_stays_fp32(dtype, d_model, h, tau, block) -> None:
+    layer = LookupFFN(d_model, h, tau, block=block, d_out=24, table_dtype=dtype,
+                      generator=torch.Generator().manual_seed(19))
+    x = torch.randn(3, 11, d_model, generator=torch.Generator().manual_seed(91))
+    assert layer.inference_tables().dtype == dtype and layer.tables.dtype == torch.float32
+    with torch.no_grad():
+        fused, naive, torch_path = (layer(x, backend=b) for b in ("fused", "naive", "torch"))
+        auto = layer(x)
+        z = layer.projection(x).reshape(-1, h * tau)
+        exact = lookup_gather_naive(z.double(), layer.tables.double())
+        bound = _rounding_bound(z, layer.tables.detach(), dtype, True)
+    for other in (naive, torch_path, auto):  # the rounded tables on every backend
+        torch.testing.assert_close(fused, other, rtol=2e-4, atol=2e-4)
+    err = (fused.reshape(-1, 24).double() - exact).abs()
+    assert bool((err <= bound * 1.001 + 2e-4 * exact.abs().amax()).all())
+    # with gradients the float32 master is used: the training forward equals the fp32 layer
+    plain = LookupFFN(d_model, h, tau, block=block, d_out=24, generator=torch.Generator().manual_seed(19))
+    torch.testing.assert_close(layer(x, backend="torch"), plain(x, backend="torch"), rtol=0, atol=0)
+    layer(x).square().sum().backward()
+    assert layer.tables.grad is not None and layer.tables.grad.dtype == torch.float32
+    # the rounded copy follows the master when it changes (an optimiser step, in place)
+    with torch.no_grad():
+        layer.tables.add_(1.0)
+        torch.testing.assert_close(layer.inference_tables(), layer.tables.detach().to(dtype), rtol=0, atol=0)
+        layer.table_dtype = None
+        assert layer(x).dtype == torch.float32
+        torch.testing.assert_close(layer(x), layer(x, backend="naive"), rtol=2e-4, atol=2e-4)
+        assert layer.inference_tables().dtype == torch.float32
+
+
+def test_half_tables_bad_arguments() -> None:
+    gen = torch.Generator().manual_seed(20)
+    with pytest.raises(ValueError, match="table_dtype must be None, torch.float16 or torch.bfloat16"):
+        LookupFFN(32, 4, 4, block=16, table_dtype=torch.int8, generator=gen)
+    with pytest.raises(TypeError, match="table_dtype must be None or a torch.dtype"):
+        LookupFFN(32, 4, 4, block=16, table_dtype="float16", generator=gen)
+    with pytest.raises(ValueError, match="table_dtype needs a float32 layer"):
+        LookupFFN(32, 4, 4, block=16, table_dtype=torch.float16, generator=gen, dtype=F64)
+    layer = LookupFFN(32, 4, 4, block=16, generator=gen)
+    with pytest.raises(ValueError, match="table_dtype must be None"):
+        layer.table_dtype = torch.float64
+    z, tables = _draw(6, 4, 4, 8, dtype=F64)
+    with pytest.raises(TypeError, match="tables need z as float32"):
+        lookup_forward_fused(z, tables.half())
+    with pytest.raises(TypeError, match="z and tables must have the same dtype"):
+        lookup_forward_fused(z.float(), tables)
+    with pytest.raises(TypeError, match="the fused kernel needs tables as float32, float64, float16 or bfloat16"):
+        lookup_forward_fused(z.float(), tables.to(torch.int32))
+    with pytest.raises(TypeError, match="tables need x as float32"):
+        lookup_bh_forward_fused(torch.zeros(3, 32, dtype=F64), LookupFFN(32, 4, 4, block=16, dtype=F64).projection,
+                                tables.half())
+    with pytest.raises(TypeError, match="tables need weights as float32"):
+        gather_fused(torch.zeros(6, 4, dtype=torch.int64), torch.zeros(6, 4, dtype=F64), tables.half())
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        lookup_forward_fused(z.float(), None)
 
 
 def test_lookup_ffn_trains_through_projection_and_tables() -> None:
@@ -348,6 +453,12 @@ def test_compiled_entry_points_check_their_arguments() -> None:
             lambda: m.fwht(torch.randn(3, 4, 4), True),
             lambda: m.gather(torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 3), torch.zeros(2, 4, 4), torch.zeros(3, 4)),
             lambda: m.gather(torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2), torch.zeros(2, 4, 4), torch.zeros(2, 4)),
+            lambda: m.lookup_forward(torch.zeros(3, 4, dtype=torch.float64), torch.zeros(2, 4, 4, dtype=torch.float16), True),
+            lambda: m.lookup_forward(torch.zeros(3, 4), torch.zeros(2, 4, 4, dtype=torch.int32), True),
+            lambda: m.lookup_forward(torch.zeros(3, 4), torch.zeros(2, 3, 4, dtype=torch.bfloat16), True),
+            lambda: m.lookup_forward(torch.zeros(3, 4), torch.zeros(2, 8, 4, dtype=torch.float16)[:, ::2], True),
+            lambda: m.lookup_bh_forward(torch.randn(5, 16, dtype=torch.float64), torch.randn(4, 1, 1, 16, 16, dtype=torch.float64), torch.randn(4, 16, 8).half(), 4, True),
+            lambda: m.gather(torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2), torch.zeros(2, 4, 4).half(), torch.zeros(3, 4, dtype=torch.float64)),
         ]
         for call in cases:
             try:
@@ -356,7 +467,7 @@ def test_compiled_entry_points_check_their_arguments() -> None:
             except RuntimeError as exc:
                 print("RuntimeError", str(exc).splitlines()[0])
     """)
-    assert len(lines) == 14, lines
+    assert len(lines) == 20, lines
     assert all(line.startswith("RuntimeError nnk_lookup_cpu: ") for line in lines), lines
 
 

@@ -221,10 +221,155 @@ inline void accumulate_rows(const T* __restrict tables, const int64_t* __restric
   }
 }
 
+// ------------------------------------------------ half-width tables (float16, bfloat16)
+// With float32 z / x / y the tables may be stored in 16 bits: each entry is widened to
+// float32 as it is read and multiplied-accumulated in float32, so the only change is that
+// the gather -- bound by memory bandwidth for large tables -- streams half the bytes.
+// The entries are read as raw 16-bit patterns: float16 is widened by F16C's vcvtph2ps,
+// bfloat16 (the high half of a float32) by a 16-bit shift.
+}  // namespace
+#include <immintrin.h>  // here rather than at the top: this section is the only user
+
+#include <cstring>
+namespace {
+
+enum class Half16 { kFloat16, kBFloat16 };
+
+template <Half16 K>
+inline float widen(uint16_t v) {
+  if constexpr (K == Half16::kFloat16) {
+    return c10::detail::fp16_ieee_to_fp32_value(v);
+  } else {
+    const uint32_t u = uint32_t(v) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    return f;
+  }
+}
+
+// y[0:d] += w * widen(row[0:d]), vectorised 16 (AVX-512) or 8 (AVX2 + F16C) at a time.
+template <Half16 K>
+inline void axpy_row16(float w, const uint16_t* __restrict row, float* __restrict y,
+                       int64_t d) {
+  int64_t c = 0;
+#if defined(__AVX512F__)
+  const __m512 wv = _mm512_set1_ps(w);
+  for (; c + 16 <= d; c += 16) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
+    __m512 v;
+    if constexpr (K == Half16::kFloat16) {
+      v = _mm512_cvtph_ps(raw);
+    } else {
+      v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    }
+    _mm512_storeu_ps(y + c, _mm512_fmadd_ps(wv, v, _mm512_loadu_ps(y + c)));
+  }
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+  const __m256 wv = _mm256_set1_ps(w);
+  for (; c + 8 <= d; c += 8) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
+    __m256 v;
+    if constexpr (K == Half16::kFloat16) {
+      v = _mm256_cvtph_ps(raw);
+    } else {
+      v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+    }
+    _mm256_storeu_ps(y + c, _mm256_fmadd_ps(wv, v, _mm256_loadu_ps(y + c)));
+  }
+#endif
+  for (; c < d; ++c) y[c] += w * widen<K>(row[c]);
+}
+
+// accumulate_rows for half-width tables (offsets in entries, as for float tables).
+template <Half16 K>
+inline void accumulate_rows16(const uint16_t* __restrict tables,
+                              const int64_t* __restrict offsets,
+                              const float* __restrict weights, int64_t h, int64_t d,
+                              float* __restrict y) {
+  for (int64_t c = 0; c < d; ++c) y[c] = 0.0f;
+  for (int64_t k = 0; k < h; ++k) {
+    if (k + kPrefetch < h) {
+      const char* ahead = reinterpret_cast<const char*>(tables + offsets[k + kPrefetch]);
+      for (int64_t off = 0; off < d * int64_t(sizeof(uint16_t)); off += 64)
+        __builtin_prefetch(ahead + off, 0, PREFETCH_HINT);
+    }
+    NNK_ASSERT(offsets[k] >= 0, "negative row offset ", offsets[k], " for table ", k);
+    axpy_row16<K>(weights[k], tables + offsets[k], y, d);
+  }
+}
+
+// The two kinds of table storage as one callable: acc(offsets, weights, h, d, y).
 template <typename T>
-void lookup_token(const T* __restrict z, const T* __restrict tables, T* __restrict y,
-                  T* __restrict expo, int64_t* __restrict codes, T* __restrict weights,
-                  int64_t h, int64_t tau, int64_t d, bool scaled) {
+struct SameTables {
+  const T* tables;
+  void operator()(const int64_t* offsets, const T* weights, int64_t h, int64_t d,
+                  T* y) const {
+    accumulate_rows<T>(tables, offsets, weights, h, d, y);
+  }
+};
+
+template <Half16 K>
+struct HalfTables {
+  const uint16_t* tables;
+  void operator()(const int64_t* offsets, const float* weights, int64_t h, int64_t d,
+                  float* y) const {
+    accumulate_rows16<K>(tables, offsets, weights, h, d, y);
+  }
+};
+
+// tables: (h, 2^tau, d) contiguous on the CPU, of the compute dtype (float32/float64) or,
+// for float32 compute, float16 / bfloat16; returns tau.
+inline int64_t check_lookup_tables(const torch::Tensor& tables, torch::ScalarType compute) {
+  const auto st = tables.scalar_type();
+  if (st == torch::kHalf || st == torch::kBFloat16) {
+    NNK_ARG(compute == torch::kFloat, "float16 / bfloat16 tables need float32 inputs, got ",
+            compute);
+    NNK_ARG(tables.device().is_cpu(), "tables must be a CPU tensor");
+    NNK_ARG(tables.is_contiguous(), "tables must be contiguous");
+    NNK_ARG(tables.dim() == 3, "tables must have 3 dimensions, got ", tables.dim());
+    const int64_t h = tables.size(0), rows = tables.size(1), d = tables.size(2);
+    NNK_ARG(h >= 1 && d >= 1, "tables must have h >= 1 tables of d_out >= 1 columns, got (",
+            h, ", ", rows, ", ", d, ")");
+    NNK_ARG(rows >= 2 && power_of_two(rows) && rows <= (int64_t(1) << 40),
+            "tables must have 2^tau rows with 1 <= tau <= 40, got ", rows);
+    int64_t tau = 0;
+    while ((int64_t(1) << tau) < rows) ++tau;
+    return tau;
+  }
+  const int64_t tau = check_tables(tables);
+  NNK_ARG(st == compute, "the inputs and float tables must share one dtype, got ", compute,
+          " and ", st);
+  return tau;
+}
+
+// Calls fn(T(), acc) with T the compute type and acc the accumulator of the tables'
+// storage (the dtypes were checked by check_lookup_tables).
+template <typename Fn>
+void dispatch_tables(const torch::Tensor& tables, torch::ScalarType compute, Fn&& fn) {
+  switch (tables.scalar_type()) {
+    case torch::kHalf:
+      fn(float(), HalfTables<Half16::kFloat16>{
+                      reinterpret_cast<const uint16_t*>(tables.data_ptr<at::Half>())});
+      break;
+    case torch::kBFloat16:
+      fn(float(), HalfTables<Half16::kBFloat16>{
+                      reinterpret_cast<const uint16_t*>(tables.data_ptr<at::BFloat16>())});
+      break;
+    case torch::kFloat:
+      fn(float(), SameTables<float>{tables.data_ptr<float>()});
+      break;
+    default:
+      NNK_ARG(compute == torch::kDouble && tables.scalar_type() == torch::kDouble,
+              "unsupported tables dtype ", tables.scalar_type());
+      fn(double(), SameTables<double>{tables.data_ptr<double>()});
+  }
+}
+
+// Codes (as row offsets, in entries) and weights of the h tables for one token.
+template <typename T>
+inline void token_codes_weights(const T* __restrict z, T* __restrict expo,
+                                int64_t* __restrict codes, T* __restrict weights, int64_t h,
+                                int64_t tau, int64_t d, bool scaled) {
   const int64_t ht = h * tau;
 #pragma omp simd
   for (int64_t i = 0; i < ht; ++i) expo[i] = std::exp(T(-2) * std::abs(z[i]));
@@ -243,38 +388,42 @@ void lookup_token(const T* __restrict z, const T* __restrict tables, T* __restri
     codes[k] = (k * rows_per_table + code) * d;
     weights[k] = scaled ? s / denom : T(1) / denom;
   }
-  accumulate_rows<T>(tables, codes, weights, h, d, y);
 }
 
-template <typename T>
-void lookup_tokens(const T* z, const T* tables, T* y, int64_t n, int64_t h, int64_t tau,
+template <typename T, typename Acc>
+inline void lookup_token(const T* __restrict z, const Acc& acc, T* __restrict y,
+                         T* __restrict expo, int64_t* __restrict codes, T* __restrict weights,
+                         int64_t h, int64_t tau, int64_t d, bool scaled) {
+  token_codes_weights<T>(z, expo, codes, weights, h, tau, d, scaled);
+  acc(codes, weights, h, d, y);
+}
+
+template <typename T, typename Acc>
+void lookup_tokens(const T* z, const Acc& acc, T* y, int64_t n, int64_t h, int64_t tau,
                    int64_t d, bool scaled) {
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     std::vector<T> expo(h * tau), weights(h);
     std::vector<int64_t> codes(h);
     for (int64_t t = begin; t < end; ++t)
-      lookup_token<T>(z + t * h * tau, tables, y + t * d, expo.data(), codes.data(),
+      lookup_token<T>(z + t * h * tau, acc, y + t * d, expo.data(), codes.data(),
                       weights.data(), h, tau, d, scaled);
   });
 }
 
 torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& tables,
                                  bool scaled) {
-  // z: (n, h*tau), tables: (h, 2^tau, d); both contiguous, same float dtype, CPU.
-  const int64_t tau = check_tables(tables);
+  // z: (n, h*tau), tables: (h, 2^tau, d); both contiguous CPU; tables of z's dtype or,
+  // for float32 z, float16 / bfloat16.
   check_float_cpu(z, "z", 2);
-  NNK_ARG(z.scalar_type() == tables.scalar_type(), "z and tables must share one dtype");
+  const int64_t tau = check_lookup_tables(tables, z.scalar_type());
   const int64_t n = z.size(0), h = tables.size(0), d = tables.size(2);
   NNK_ARG(z.size(1) == h * tau, "z must have h * tau = ", h * tau, " columns, got ", z.size(1));
   auto y = torch::empty({n, d}, z.options());
   if (n == 0) return y;
-  if (z.scalar_type() == torch::kFloat) {
-    lookup_tokens<float>(z.data_ptr<float>(), tables.data_ptr<float>(), y.data_ptr<float>(),
-                         n, h, tau, d, scaled);
-  } else {
-    lookup_tokens<double>(z.data_ptr<double>(), tables.data_ptr<double>(),
-                          y.data_ptr<double>(), n, h, tau, d, scaled);
-  }
+  dispatch_tables(tables, z.scalar_type(), [&](auto zero, const auto& acc) {
+    using T = decltype(zero);
+    lookup_tokens<T>(z.data_ptr<T>(), acc, y.data_ptr<T>(), n, h, tau, d, scaled);
+  });
   return y;
 }
 
@@ -358,8 +507,8 @@ inline void check_bh(const torch::Tensor& x, const torch::Tensor& blocks, int64_
           " features, fewer than the ", width, " needed");
 }
 
-template <typename T>
-void lookup_bh_tokens(const T* x, const T* blocks, const T* tables, T* y, int64_t n,
+template <typename T, typename Acc>
+void lookup_bh_tokens(const T* x, const T* blocks, const Acc& acc, T* y, int64_t n,
                       int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
                       int64_t h, int64_t tau, int64_t d, bool scaled) {
   const int64_t ht = h * tau;
@@ -375,7 +524,7 @@ void lookup_bh_tokens(const T* x, const T* blocks, const T* tables, T* y, int64_
       bh_project_tile<T>(x + t_first * d_in, blocks, cur.data(), tmp.data(), z.data(), count,
                          d_in, m, copies, dp, b, ht, ht, scale);
       for (int64_t t = 0; t < count; ++t)
-        lookup_token<T>(z.data() + t * ht, tables, y + (t_first + t) * d, expo.data(),
+        lookup_token<T>(z.data() + t * ht, acc, y + (t_first + t) * d, expo.data(),
                         codes.data(), weights.data(), h, tau, d, scaled);
     }
   });
@@ -383,8 +532,10 @@ void lookup_bh_tokens(const T* x, const T* blocks, const T* tables, T* y, int64_
 
 torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
                                     const torch::Tensor& tables, int64_t tau, bool scaled) {
-  NNK_ARG(check_tables(tables) == tau, "tables must have 2^tau = 2^", tau, " rows");
-  NNK_ARG(tables.scalar_type() == x.scalar_type(), "x and tables must share one dtype");
+  // tables of x's dtype or, for float32 x, float16 / bfloat16 (see check_lookup_tables)
+  check_float_cpu(x, "x", 2);
+  NNK_ARG(check_lookup_tables(tables, x.scalar_type()) == tau,
+          "tables must have 2^tau = 2^", tau, " rows");
   check_bh(x, blocks, tables.size(0) * tau);
   const int64_t n = x.size(0), d_in = x.size(1);
   const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
@@ -392,15 +543,11 @@ torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor&
   const int64_t h = tables.size(0), d = tables.size(2);
   auto y = torch::empty({n, d}, x.options());
   if (n == 0) return y;
-  if (x.scalar_type() == torch::kFloat) {
-    lookup_bh_tokens<float>(x.data_ptr<float>(), blocks.data_ptr<float>(),
-                            tables.data_ptr<float>(), y.data_ptr<float>(), n, d_in, m, copies,
-                            dp, b, h, tau, d, scaled);
-  } else {
-    lookup_bh_tokens<double>(x.data_ptr<double>(), blocks.data_ptr<double>(),
-                             tables.data_ptr<double>(), y.data_ptr<double>(), n, d_in, m,
-                             copies, dp, b, h, tau, d, scaled);
-  }
+  dispatch_tables(tables, x.scalar_type(), [&](auto zero, const auto& acc) {
+    using T = decltype(zero);
+    lookup_bh_tokens<T>(x.data_ptr<T>(), blocks.data_ptr<T>(), acc, y.data_ptr<T>(), n, d_in,
+                        m, copies, dp, b, h, tau, d, scaled);
+  });
   return y;
 }
 
@@ -435,8 +582,8 @@ torch::Tensor bh_project_cpu(const torch::Tensor& x, const torch::Tensor& blocks
 
 // Gather only (weights given): y_t = sum_k w_tk T_k[codes_tk]; used by the benchmark to
 // time the gather step on its own (Table 6's breakdown).
-template <typename T>
-void gather_tokens(const int64_t* codes, const T* weights, const T* tables, T* y, int64_t n,
+template <typename T, typename Acc>
+void gather_tokens(const int64_t* codes, const T* weights, const Acc& acc, T* y, int64_t n,
                    int64_t h, int64_t rows_per_table, int64_t d) {
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> offsets(h);
@@ -447,7 +594,7 @@ void gather_tokens(const int64_t* codes, const T* weights, const T* tables, T* y
                    rows_per_table, ")");
         offsets[k] = (k * rows_per_table + codes[t * h + k]) * d;
       }
-      accumulate_rows<T>(tables, offsets.data(), weights + t * h, h, d, y + t * d);
+      acc(offsets.data(), weights + t * h, h, d, y + t * d);
     }
   });
 }
@@ -457,18 +604,17 @@ void gather_cpu(const torch::Tensor& codes, const torch::Tensor& weights,
   // codes: (n, h) int64 in [0, 2^tau); weights: (n, h); tables: (h, 2^tau, d);
   // out: (n, d), written (preallocated by the caller, so that timing the gather alone
   // does not time the page faults of a fresh output).
-  check_tables(tables);
+  check_float_cpu(weights, "weights", 2);
+  check_float_cpu(out, "out", 2);
+  check_lookup_tables(tables, weights.scalar_type());
   const int64_t n = codes.size(0), h = tables.size(0), rows = tables.size(1),
                 d = tables.size(2);
   NNK_ARG(codes.device().is_cpu() && codes.scalar_type() == torch::kLong &&
               codes.is_contiguous() && codes.dim() == 2 && codes.size(1) == h,
           "codes must be a contiguous CPU int64 tensor of shape (tokens, ", h, ")");
-  check_float_cpu(weights, "weights", 2);
-  check_float_cpu(out, "out", 2);
-  NNK_ARG(weights.sizes() == codes.sizes() && weights.scalar_type() == tables.scalar_type(),
-          "weights must have the shape of codes and the dtype of tables");
-  NNK_ARG(out.size(0) == n && out.size(1) == d && out.scalar_type() == tables.scalar_type(),
-          "out must have shape (", n, ", ", d, ") and the dtype of tables");
+  NNK_ARG(weights.sizes() == codes.sizes(), "weights must have the shape of codes");
+  NNK_ARG(out.size(0) == n && out.size(1) == d && out.scalar_type() == weights.scalar_type(),
+          "out must have shape (", n, ", ", d, ") and the dtype of weights");
   if (n == 0) return;
   {  // codes index the tables: one pass over n * h integers, cheap next to the gather
     const int64_t* c = codes.data_ptr<int64_t>();
@@ -476,13 +622,11 @@ void gather_cpu(const torch::Tensor& codes, const torch::Tensor& weights,
     for (int64_t i = 0; i < n * h; ++i) in_range &= (c[i] >= 0) & (c[i] < rows);
     NNK_ARG(in_range, "codes must lie in [0, ", rows, ")");
   }
-  if (tables.scalar_type() == torch::kFloat) {
-    gather_tokens<float>(codes.data_ptr<int64_t>(), weights.data_ptr<float>(),
-                         tables.data_ptr<float>(), out.data_ptr<float>(), n, h, rows, d);
-  } else {
-    gather_tokens<double>(codes.data_ptr<int64_t>(), weights.data_ptr<double>(),
-                          tables.data_ptr<double>(), out.data_ptr<double>(), n, h, rows, d);
-  }
+  dispatch_tables(tables, weights.scalar_type(), [&](auto zero, const auto& acc) {
+    using T = decltype(zero);
+    gather_tokens<T>(codes.data_ptr<int64_t>(), weights.data_ptr<T>(), acc, out.data_ptr<T>(),
+                     n, h, rows, d);
+  });
 }
 
 }  // namespace
