@@ -1507,7 +1507,10 @@ class FDTNO(nn.Module):
     * ``causal=True``: the RPE gives the real part :math:`\\hat k^l`, the response is
       :math:`\\hat k^l - i\\mathcal H\\{\\hat k^l\\}`
       (:func:`causal_kernel_from_real_response`), so :math:`y_i` depends on
-      :math:`x_{0..i}` only;
+      :math:`x_{0..i}` only. The forward pass folds this projection into the kernel's
+      spectrum once per call (:class:`_CausalSpectrum`: the causal taps
+      :math:`0..n-1`, transformed at the product's 5-smooth length :func:`fft_length`
+      ``(n)``); the result equals the product with the response above;
     * ``causal=False``: the RPE has :math:`2d` outputs, the real and imaginary parts of
       :math:`\\hat k^l`; the imaginary part is forced to 0 at :math:`\\omega = 0` and
       :math:`\\pi` (the response of a real kernel). No FFT of the kernel is needed --
@@ -1521,6 +1524,10 @@ class FDTNO(nn.Module):
     Shapes: ``(..., n, channels) -> (..., n, channels)``. Cost per call: the RPE on
     :math:`n + 1` frequencies, :math:`O(d\\,n\\log n)` for the Hilbert transform
     (causal) and :math:`O(B\\,d\\,n\\log n)` for the batch.
+    On a CPU the causal FD-TNO costs about as much as the causal :class:`TNO`: both
+    evaluate the RPE at about :math:`n` points and share the product with the batch,
+    and the Hilbert projection takes two FFTs of the ``d`` kernels each way where the
+    TNO takes one (``benchmarks/bench_toeplitz.py``, table "limits").
 
     Args:
         channels: ``d``.
