@@ -1433,11 +1433,10 @@ class _CausalSpectrum(torch.autograd.Function):
     def forward(real: Tensor, length: int) -> Tensor:  # type: ignore[override]
         n = real.shape[-1] - 1
         even_kernel = torch.fft.irfft(real, n=2 * n)
-        rows = real.new_empty(real.shape[:-1] + (length,))
-        torch.mul(even_kernel[..., :n], _causal_window(n, real.dtype, real.device)[:n],
-                  out=rows[..., :n])
-        rows[..., n:].zero_()
-        return torch.fft.rfft(rows)
+        taps = even_kernel[..., :n] * _causal_window(n, real.dtype, real.device)[:n]
+        # out-of-place (no out= buffer): the generated vmap rule, e.g. over stacked
+        # parameters of several layers, has no batching rule for out= variants
+        return torch.fft.rfft(F.pad(taps, (0, length - n)))
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:

@@ -583,6 +583,20 @@ def test_causal_fdtno_gradcheck_lengths(n):
     _gradcheck_module(fd, randn(2, n, 2, seed=n + 9))
 
 
+def test_causal_fdtno_vmaps_over_stacked_parameters():
+    """torch.func.vmap over the parameters of several causal FD-TNOs (an ensemble) gives
+    each layer's own output (the folded projection has a generated vmap rule)."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    layers = [FDTNO(3, causal=True, rpe_width=4, rpe_depth=1, generator=gen(k), dtype=F64)
+              for k in range(3)]
+    params, buffers = stack_module_state(layers)
+    x = randn(2, 9, 3, seed=5)
+    got = vmap(lambda p, b: functional_call(layers[0], (p, b), (x,)))(params, buffers)
+    for k, layer in enumerate(layers):
+        torch.testing.assert_close(got[k], layer(x).detach(), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 12])
 def test_toeplitz_matvec_rejects_nonfinite_after_fast_check(n):
     coeffs, x = randn(2, 2 * n - 1, seed=n), randn(3, n, 2, seed=n + 1)
