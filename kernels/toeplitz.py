@@ -199,6 +199,20 @@ def _kernel_spectrum(coeffs: Tensor, n: int, length: int, causal: bool) -> Tenso
     return _RealSpectrum.apply(_circulant_column(coeffs, n, length, causal))
 
 
+def _padded_rows(x: Tensor, length: int) -> Tensor:
+    """``(..., n, c) -> (..., c, length)``: the sequence dimension moved last and padded
+    with zeros to ``length``, written in one copy.
+
+    ``torch.fft.rfft(x.transpose(-1, -2).contiguous(), n=length)`` copies the batch
+    twice (the transpose, then the padding inside ``rfft``); this buffer is filled once.
+    """
+    n = x.shape[-2]
+    rows = x.new_empty(x.shape[:-2] + (x.shape[-1], length))
+    rows[..., :n].copy_(x.transpose(-1, -2))
+    rows[..., n:].zero_()
+    return rows
+
+
 class _SpectralProduct(torch.autograd.Function):
     """``y = irfft(spectrum * rfft(x, L), L)[:n]`` along the sequence of ``(..., n, c)``.
 
@@ -208,8 +222,9 @@ class _SpectralProduct(torch.autograd.Function):
     the spectrum's gradient is :math:`g_K = \\frac{w}{L}\\sum_{\\text{batch}} \\bar X G`
     (:math:`w = 2`, or 1 at DC and Nyquist, which ``irfft`` counts once and whose
     imaginary part it ignores). Everything is half-spectrum FFTs. The sequence dimension
-    is moved last (one contiguous copy) since the FFT of contiguous rows is several times
-    faster than a strided one. Once differentiable (double backward raises).
+    is moved last and zero-padded to ``L`` in one copy (:func:`_padded_rows`), since the
+    FFT of contiguous rows is several times faster than a strided one. Once
+    differentiable (double backward raises).
     """
 
     generate_vmap_rule = True
@@ -219,7 +234,7 @@ class _SpectralProduct(torch.autograd.Function):
         x: Tensor, spectrum: Tensor, length: int
     ) -> tuple[Tensor, Tensor]:
         n = x.shape[-2]
-        x_freq = torch.fft.rfft(x.transpose(-1, -2).contiguous(), n=length)
+        x_freq = torch.fft.rfft(_padded_rows(x, length))
         y = torch.fft.irfft(x_freq * spectrum.contiguous(), n=length)
         # x_freq is returned (and dropped by the caller) so that the backward can reuse it.
         return y[..., :n].transpose(-1, -2), x_freq
@@ -240,7 +255,7 @@ class _SpectralProduct(torch.autograd.Function):
         x_freq, spectrum = ctx.saved_tensors
         spectrum = spectrum.contiguous()
         n, length = ctx.n, ctx.length
-        grad_freq = torch.fft.rfft(grad_y.transpose(-1, -2).contiguous(), n=length)
+        grad_freq = torch.fft.rfft(_padded_rows(grad_y, length))
         grad_x = grad_spectrum = None
         if ctx.needs_input_grad[1]:
             prod = (grad_freq * x_freq.conj()).sum_to_size(spectrum.shape)
@@ -255,10 +270,20 @@ class _SpectralProduct(torch.autograd.Function):
 
 
 def _check_fft_input(name: str, value: Any, **kwargs: Any) -> Tensor:
-    """:func:`check_tensor`, and float32/float64 only: the FFTs have no float16 kernels."""
-    value = check_tensor(name, value, **kwargs)
+    """:func:`check_tensor`, and float32/float64 only: the FFTs have no float16 kernels.
+
+    The finiteness test is one ``aminmax`` pass (NaN and infinities propagate to the
+    minimum or maximum) instead of ``isfinite(value).all()``, which builds three
+    temporaries of the input's size and cost more than the FFT product itself at
+    ``n = 512`` (measured by ``benchmarks/bench_toeplitz.py``).
+    """
+    value = check_tensor(name, value, finite=False, **kwargs)
     if value.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"{name} must be float32 or float64 (FFT), got {value.dtype}")
+    if value.numel():
+        low, high = torch.aminmax(value.detach())
+        if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+            raise ValueError(f"{name} contains NaN or infinite values")
     return value
 
 
@@ -1380,6 +1405,57 @@ def _causal_response(real: Tensor) -> Tensor:
     return _CausalResponse.apply(real)
 
 
+class _CausalSpectrum(torch.autograd.Function):
+    """Spectrum, at FFT length ``L``, of the causal kernel whose response has real part ``real``.
+
+    The forward pass of a causal :class:`FDTNO` in one step: ``real`` is ``(..., n + 1)``
+    on the grid :math:`\omega_m = m\pi/n`; :math:`k_e = \mathrm{irFFT}_{2n}(\text{real})`
+    is the even kernel, the causal kernel is :math:`k_e\,(1 + \mathrm{sign}\,t)`, and the
+    result is :math:`\mathrm{rFFT}_L` of its lags :math:`0..n-1` zero-padded to ``L``
+    (``(..., L // 2 + 1)`` complex). Lag :math:`n` is left out: it reaches no output
+    :math:`y_i`, :math:`i < n`. Compared with :func:`causal_kernel_from_real_response`
+    followed by the product at length :math:`2n`, this is the same Hilbert projection,
+    folded into the kernel's spectrum once per forward (it depends on the parameters
+    only), at the product's own length :math:`L` = :func:`fft_length` ``(n)`` (5-smooth,
+    where :math:`2n` need not be), without the complex response on the :math:`2n` grid.
+    Two FFTs of the ``d`` kernel rows each way: :math:`O(d\,n\log n)`.
+
+    Backward (real-linear map): with :math:`w_L` = :func:`_half_spectrum_weights` ``(L)``
+    and :math:`c` = :func:`_half_spectrum_weights` ``(2n)``, the adjoint of the padded
+    rFFT is :math:`\tfrac{L}{w_L}`-weighted irFFT (as in :class:`_RealSpectrum`), of the
+    window a product, and of :math:`\mathrm{irFFT}_{2n}` restricted to a real response
+    :math:`g_m = \tfrac{c_m}{2n}\,\mathrm{Re}\,\mathrm{rFFT}_{2n}(g_{k_e})_m`.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(real: Tensor, length: int) -> Tensor:  # type: ignore[override]
+        n = real.shape[-1] - 1
+        even_kernel = torch.fft.irfft(real, n=2 * n)
+        taps = even_kernel[..., :n] * _causal_window(n, real.dtype, real.device)[:n]
+        # out-of-place (no out= buffer): the generated vmap rule, e.g. over stacked
+        # parameters of several layers, has no batching rule for out= variants
+        return torch.fft.rfft(F.pad(taps, (0, length - n)))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+        real, length = inputs
+        ctx.n, ctx.length, ctx.real_dtype = real.shape[-1] - 1, length, real.dtype
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_spectrum: Tensor) -> tuple[Tensor, None]:
+        n, length, dtype = ctx.n, ctx.length, ctx.real_dtype
+        device = grad_spectrum.device
+        weights = _half_spectrum_weights(length, dtype, device)
+        grad_rows = torch.fft.irfft(grad_spectrum * (length / weights), n=length)
+        grad_even = grad_rows[..., :n] * _causal_window(n, dtype, device)[:n]
+        counts = _half_spectrum_weights(2 * n, dtype, device)
+        grad_real = torch.fft.rfft(grad_even, n=2 * n).real * (counts / (2 * n))
+        return grad_real, None
+
+
 def causal_kernel_from_real_response(real: Tensor) -> Tensor:
     """Frequency response of the causal kernel whose real part is ``real``.
 
@@ -1430,7 +1506,10 @@ class FDTNO(nn.Module):
     * ``causal=True``: the RPE gives the real part :math:`\\hat k^l`, the response is
       :math:`\\hat k^l - i\\mathcal H\\{\\hat k^l\\}`
       (:func:`causal_kernel_from_real_response`), so :math:`y_i` depends on
-      :math:`x_{0..i}` only;
+      :math:`x_{0..i}` only. The forward pass folds this projection into the kernel's
+      spectrum once per call (:class:`_CausalSpectrum`: the causal taps
+      :math:`0..n-1`, transformed at the product's 5-smooth length :func:`fft_length`
+      ``(n)``); the result equals the product with the response above;
     * ``causal=False``: the RPE has :math:`2d` outputs, the real and imaginary parts of
       :math:`\\hat k^l`; the imaginary part is forced to 0 at :math:`\\omega = 0` and
       :math:`\\pi` (the response of a real kernel). No FFT of the kernel is needed --
@@ -1444,6 +1523,10 @@ class FDTNO(nn.Module):
     Shapes: ``(..., n, channels) -> (..., n, channels)``. Cost per call: the RPE on
     :math:`n + 1` frequencies, :math:`O(d\\,n\\log n)` for the Hilbert transform
     (causal) and :math:`O(B\\,d\\,n\\log n)` for the batch.
+    On a CPU the causal FD-TNO costs about as much as the causal :class:`TNO`: both
+    evaluate the RPE at about :math:`n` points and share the product with the batch,
+    and the Hilbert projection takes two FFTs of the ``d`` kernels each way where the
+    TNO takes one (``benchmarks/bench_toeplitz.py``, table "limits").
 
     Args:
         channels: ``d``.
@@ -1523,6 +1606,14 @@ class FDTNO(nn.Module):
         if x.numel() == 0:  # an empty batch
             return _empty_like_result(tuple(x.shape), x, *self.parameters())
         n = x.shape[-2]
+        if self.causal:
+            # The causal kernel goes through the time domain anyway: its spectrum is
+            # taken at the 5-smooth length of the product (2n need not be 5-smooth).
+            length = fft_length(n)
+            weight = self.rpe[0].weight
+            real = self.rpe(_frequency_features(n, self.feature, weight.dtype, weight.device))
+            spectrum = _CausalSpectrum.apply(real.T.contiguous(), length)
+            return _apply_spectrum(spectrum, x, length)
         return _apply_spectrum(self._response(n), x, 2 * n)
 
     def extra_repr(self) -> str:

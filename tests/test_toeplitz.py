@@ -537,6 +537,78 @@ def test_fdtno_forward_equals_its_toeplitz_matrix(n, causal, feature):
         torch.testing.assert_close(y2[:, : n // 2], y[:, : n // 2], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 100, 257])
+@pytest.mark.parametrize("channels", [1, 5])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fdtno_forward_matches_scipy_toeplitz_of_its_response(n, channels, causal):
+    """The FD-TNO forward (causal: Hilbert projection folded into the spectrum at the
+    5-smooth length fft_length(n)) against a reference built from the RPE output alone
+    with numpy/scipy: the kernel by numpy's inverse rFFT (causal: of the response
+    real - i * Hilbert(real), scipy.signal.hilbert of the even extension), then one dense
+    scipy.linalg.toeplitz matrix per channel."""
+    fd = FDTNO(channels, causal=causal, rpe_width=8, rpe_depth=2, generator=gen(n + channels),
+               dtype=F64)
+    omega = np.arange(n + 1) * math.pi / n
+    with torch.no_grad():
+        rpe = fd.rpe(torch.tensor(omega / math.pi)[:, None]).numpy().T  # (channels or 2c, n+1)
+    real = rpe[:channels]
+    if causal:
+        even = np.concatenate([real, real[:, 1:n][:, ::-1]], axis=1)  # length 2n
+        imag = -scipy.signal.hilbert(even, axis=-1).imag[:, : n + 1]
+    else:
+        imag = rpe[channels:].copy()
+        imag[:, 0] = imag[:, n] = 0.0
+    kernel = np.fft.irfft(real + 1j * imag, n=2 * n)  # lags 0..n, then -(n-1)..-1
+    x = randn(3, n, channels, seed=n + 7)
+    ref = np.empty((3, n, channels))
+    for c in range(channels):
+        column = kernel[c, :n]  # lags 0..n-1
+        row = np.concatenate([[kernel[c, 0]], kernel[c, ::-1][: n - 1]])  # lags 0, -1, ..
+        if causal:
+            row = np.zeros(n)
+            row[0] = kernel[c, 0]
+            if n > 1:  # the reference's own causality: negative lags vanish
+                assert np.abs(kernel[c, n + 1 :]).max() < 1e-12
+        dense = scipy.linalg.toeplitz(column, row)
+        ref[:, :, c] = x[:, :, c].numpy() @ dense.T
+    with torch.no_grad():
+        got = fd(x).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-11 * max(1.0, np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("n", [1, 3, 6, 9])
+def test_causal_fdtno_gradcheck_lengths(n):
+    """Gradients of the folded causal spectrum at even, odd and non-5-smooth 2n."""
+    fd = FDTNO(2, causal=True, rpe_width=4, rpe_depth=1, generator=gen(n), dtype=F64)
+    _gradcheck_module(fd, randn(2, n, 2, seed=n + 9))
+
+
+def test_causal_fdtno_vmaps_over_stacked_parameters():
+    """torch.func.vmap over the parameters of several causal FD-TNOs (an ensemble) gives
+    each layer's own output (the folded projection has a generated vmap rule)."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    layers = [FDTNO(3, causal=True, rpe_width=4, rpe_depth=1, generator=gen(k), dtype=F64)
+              for k in range(3)]
+    params, buffers = stack_module_state(layers)
+    x = randn(2, 9, 3, seed=5)
+    got = vmap(lambda p, b: functional_call(layers[0], (p, b), (x,)))(params, buffers)
+    for k, layer in enumerate(layers):
+        torch.testing.assert_close(got[k], layer(x).detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 12])
+def test_toeplitz_matvec_rejects_nonfinite_after_fast_check(n):
+    coeffs, x = randn(2, 2 * n - 1, seed=n), randn(3, n, 2, seed=n + 1)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for name, (c, v) in (("x", (coeffs, x.clone())), ("coeffs", (coeffs.clone(), x))):
+            target = v if name == "x" else c
+            target.view(-1)[-1] = bad
+            with pytest.raises(ValueError, match=f"{name} contains NaN or infinite"):
+                toeplitz_matvec(c, v)
+    toeplitz_matvec(coeffs * 1e300, x)  # huge but finite: accepted
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_fdtno_gradcheck(causal):
     fd = FDTNO(2, causal=causal, rpe_width=4, rpe_depth=2, generator=gen(3), dtype=F64)
