@@ -266,8 +266,10 @@ class Spectrum:
         """:math:`\\mathrm{Re}\\sum_k a_k e^{2\\pi i \\xi_k u}` elementwise, same shape as ``u``."""
         check_tensor("u", u)
         flat = u.reshape(-1, 1).to(torch.float64)
-        phase = torch.exp(2j * math.pi * flat * self.frequencies[None, :])
-        return (phase @ self.weights).real.reshape(u.shape).to(u.dtype)
+        # The atoms are kept on the CPU; they follow u to its device here.
+        frequencies = self.frequencies.to(flat.device)
+        phase = torch.exp(2j * math.pi * flat * frequencies[None, :])
+        return (phase @ self.weights.to(flat.device)).real.reshape(u.shape).to(u.dtype)
 
     def part_masses(self) -> Tensor:
         """Total masses of the four parts (re+, re-, im+, im-) of the spectrum, shape (4,)."""
@@ -693,5 +695,5 @@ class ReLUMap(nn.Module):
     def expected(self, x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
         """What :math:`\\Phi^\\top\\Psi` estimates: :math:`\\tfrac12 K_1([w,b],[x,1])`, (n, l)."""
         xa = self._augment(x, None)
-        wa = self._augment(weight, bias if bias is not None else torch.zeros(weight.shape[0], dtype=weight.dtype)) if self.bias else weight
+        wa = self._augment(weight, bias if bias is not None else torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)) if self.bias else weight
         return 0.5 * arccos_kernel(xa.reshape(-1, xa.shape[-1]), wa, 1).reshape(*x.shape[:-1], weight.shape[0])

@@ -190,9 +190,9 @@ class SNNKLinear(nn.Module):
         layer = cls(
             linear.in_features, linear.out_features, num_features, activation,
             A=A, orthogonal=orthogonal, bias=True, input_scale=input_scale, generator=generator, dtype=w.dtype,
-        )
-        layer.omega = nn.Parameter(layer.feature_map.psi(w * layer.input_scale, b).detach().to(w.device))
-        return layer.to(w.device)
+        ).to(w.device)  # drawn on the CPU, then beside the weights before psi reads them
+        layer.omega = nn.Parameter(layer.feature_map.psi(w * layer.input_scale, b).detach())
+        return layer
 
     def extra_repr(self) -> str:
         scale = f", input_scale={self.input_scale:g}" if self.input_scale != 1.0 else ""
@@ -389,8 +389,12 @@ def least_squares(
         x, y = x - x_mean, y - y_mean
     n, m = x.shape
     if lam == 0.0:
-        driver = "gelsd" if x.device.type == "cpu" else None
-        sol = torch.linalg.lstsq(x, y, driver=driver).solution  # (M, k)
+        if x.device.type == "cpu":
+            sol = torch.linalg.lstsq(x, y, driver="gelsd").solution  # (M, k), minimum norm
+        else:
+            # CUDA's lstsq has only 'gels', which assumes full rank (centring removes one);
+            # the pseudo-inverse gives the same minimum-norm solution as gelsd.
+            sol = torch.linalg.pinv(x) @ y
     elif m <= n:
         gram = x.T @ x + lam * torch.eye(m, dtype=x.dtype, device=x.device)
         sol = torch.linalg.solve(gram, x.T @ y)
@@ -767,7 +771,7 @@ def bundle(
             fmap = make_feature_map(
                 eff.shape[1], layer.activation, ms[used_m], A=A, orthogonal=orthogonal,
                 generator=generator, dtype=w_i.dtype,
-            )
+            ).to(w_i.device)  # drawn on the CPU (the generator's device), used beside the weights
             used_m += 1
             maps.append(fmap)
             weight = fmap.psi(eff, b_i).detach()

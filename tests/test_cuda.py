@@ -322,14 +322,8 @@ def test_urf_map_cuda(activation: str) -> None:
     close(gpu.phi(x.to(CUDA)) @ gpu.psi(w.to(CUDA), b.to(CUDA)).T, fmap.phi(x) @ fmap.psi(w, b).T)
 
 
-SPECTRUM_ON_CPU = (
-    "kernels/features.py:268-269 Spectrum.evaluate multiplies u by self.frequencies and "
-    "self.weights, plain CPU tensors of the Spectrum dataclass (not buffers, so "
-    "URFMap.to('cuda') does not move them): a CUDA u fails with 'Expected all tensors to be "
-    "on the same device'")
 
 
-@pytest.mark.xfail(strict=True, reason="URFMap.expected on CUDA: " + SPECTRUM_ON_CPU)
 @pytest.mark.parametrize("activation", ["sin", "gelu"])
 def test_urf_expected_cuda(activation: str) -> None:
     fmap = URFMap(4, activation, 8, generator=gen(21), dtype=F64)
@@ -350,10 +344,6 @@ def test_relu_map_cuda(bias: bool) -> None:
     close(gpu.expected(x.to(CUDA), w.to(CUDA), b.to(CUDA)), fmap.expected(x, w, b))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/features.py:696 ReLUMap.expected(x, weight) with bias=None builds "
-    "torch.zeros(weight.shape[0], dtype=weight.dtype) without device=, on the CPU; "
-    "_augment then torch.cat's it with the CUDA weight and fails"))
 def test_relu_map_expected_without_bias_cuda() -> None:
     fmap = ReLUMap(4, 12, bias=True, generator=gen(29), dtype=F64)
     gpu = copy.deepcopy(fmap).to(CUDA)
@@ -389,10 +379,6 @@ def test_snnk_linear_input_scale_and_adapters_cuda() -> None:
         check_module(FeedForward(lin, act), x)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/snnk.py:194 SNNKLinear.from_linear builds the layer (and its feature map's "
-    "projections) on the CPU, then calls feature_map.psi on the CUDA linear's weight before "
-    "the final .to(w.device): features.py:208 matmul of CUDA weight and CPU projections fails"))
 def test_snnk_from_a_cuda_linear() -> None:
     lin = nn.Linear(6, 3, dtype=F64)
     ref = SNNKLinear.from_linear(lin, "sin", 8, generator=gen(43))
@@ -400,9 +386,6 @@ def test_snnk_from_a_cuda_linear() -> None:
     compare_modules(ref, got, randn(5, 6, seed=44))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/snnk.py:304 FeedForward with a URF spectrum activation ('gelu', ...) calls "
-    "Spectrum.evaluate; " + SPECTRUM_ON_CPU))
 def test_feed_forward_spectrum_cuda() -> None:
     lin = nn.Linear(6, 3, dtype=F64)
     check_module(FeedForward(lin, "gelu"), randn(5, 6, seed=45))
@@ -423,10 +406,6 @@ def test_bundle_cuda() -> None:
     close(linear(tower(x.to(CUDA))), ref(x).detach())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/snnk.py:767-773 bundle() with FeedForward layers on CUDA: make_feature_map "
-    "draws the new map's projections on the CPU and fmap.psi(eff, b) is called with the CUDA "
-    "weights (features.py:208 matmul fails); the map is never moved to the layers' device"))
 def test_bundle_feed_forward_layers_cuda() -> None:
     torch.manual_seed(49)
     l1, l2, head = nn.Linear(6, 4, dtype=F64), nn.Linear(4, 4, dtype=F64), nn.Linear(4, 2, dtype=F64)
@@ -466,11 +445,6 @@ def test_least_squares_cuda(n: int, m: int, ridge: float, fit_bias: bool) -> Non
     _least_squares_case(n, m, ridge, fit_bias)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/snnk.py:392 least_squares(ridge=0) on CUDA calls torch.linalg.lstsq with "
-    "driver=None, i.e. 'gels', which assumes full rank; with fit_bias the centred features "
-    "of a wide (M >= n) matrix have rank n - 1, so CUDA returns a different solution from "
-    "the minimum-norm one the CPU's 'gelsd' (and the docstring) give"))
 def test_least_squares_min_norm_rank_deficient_cuda() -> None:
     _least_squares_case(10, 30, 0.0, True)
 
