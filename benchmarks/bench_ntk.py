@@ -295,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    torch.set_num_threads(args.threads)  # as in the workers (machine_info reports it)
     common = (["--quick"] if args.quick else []) + ["--threads", str(args.threads)]
     threads_env = _thread_env(args.threads)
     x64 = {**threads_env, "JAX_ENABLE_X64": "1"}

@@ -954,8 +954,20 @@ def _ntk_jacobian(
     with torch.no_grad():
         if chunk >= max(n1, n2):
             j1 = jacobians(x1)
-            j2 = j1 if x2 is None else jacobians(x2)
-            return contract(j1, j2)
+            if x2 is not None:
+                return contract(j1, jacobians(x2))
+            # x2 = x1: the contraction (O(n^2 k^2 P), the dominant cost) only for the
+            # row blocks on or above the diagonal, mirrored: 5/8 of the work with 4 blocks.
+            n_blocks = 4 if n1 >= 64 else 1
+            edges = [round(i * n1 / n_blocks) for i in range(n_blocks + 1)]
+            theta = torch.empty(n1, n1, k, k, dtype=x1.dtype, device=x1.device)
+            for b in range(n_blocks):
+                r0, r1 = edges[b], edges[b + 1]
+                rows = [j[r0:r1] for j in j1]
+                block = contract(rows, [j[r0:] for j in j1])  # (r1 - r0, n1 - r0, k, k)
+                theta[r0:r1, r0:] = block
+                theta[r1:, r0:r1] = block[:, r1 - r0 :].permute(1, 0, 3, 2)
+            return theta
         theta = torch.empty(n1, n2, k, k, dtype=x1.dtype, device=x1.device)
         for i0 in range(0, n1, chunk):
             i1 = min(i0 + chunk, n1)
