@@ -17,6 +17,18 @@ Cases (chapter 1, chapters/01_ntk.ipynb, reads the results file):
     ``stax`` ``kernel_fn(x, None, ("nngp", "ntk"))`` under ``jax.jit``: once with float32
     inputs and outputs (neural-tangents computes in float32, ``fc_kernel`` always in
     float64), once in float64 on both sides (jax x64).
+(c) The empirical NTK of a transformer FFN block with MiniLM's shapes (chapter 6): 16
+    sentences of 24 tokens, hidden size 384, FFN 384 -> 1536 -> 384 with GELU, a residual
+    connection and a frozen LayerNorm, mean pooling over tokens and a fixed readout
+    vector; only the FFN's two ``nn.Linear`` layers train (1.18 M parameters), float32.
+    Ours: ``linear_gram_ntk`` (the per-layer Gram trick through forward hooks).
+    Reference: ``torch.func`` Jacobian contraction (``vmap(jacrev)`` over the sentences,
+    then one contraction per parameter tensor: ``empirical_ntk(method="jacobian")``).
+
+Threads: every worker runs torch with ``--threads`` threads (default 1) and XLA with
+its Eigen pool off and ``intra_op_parallelism_threads`` set to the same number
+(``XLA_FLAGS``), so both sides get the same cores. When neural-tangents (or jax) is
+not installed, its rows are reported as "not installed" and skipped.
 
 Timing and memory conventions are those of ``benchmarks/_harness.py``: medians of
 interleaved repeats after a warm-up call; the warm-up (jit compilation for
@@ -48,8 +60,10 @@ from _harness import (  # noqa: E402  (the path line above makes _harness import
 )
 
 SIZES = {
-    "full": dict(n=256, d=64, width=512, depth=3, n_kernel=2000, repeats=9),
-    "quick": dict(n=64, d=16, width=128, depth=3, n_kernel=300, repeats=3),
+    "full": dict(n=256, d=64, width=512, depth=3, n_kernel=2000, repeats=9,
+                 ffn_n=16, ffn_tokens=24, ffn_p=384, ffn_inner=1536),
+    "quick": dict(n=64, d=16, width=128, depth=3, n_kernel=300, repeats=3,
+                  ffn_n=8, ffn_tokens=12, ffn_p=96, ffn_inner=384),
 }
 
 #: Idle seconds before each timed call (see ``_harness.time_interleaved``).
@@ -60,7 +74,59 @@ GROUPS = {
     "empirical": ["gram", "jacobian", "jvp", "nt1", "nt2"],
     "kernel32": ["fc_kernel", "nt_kernel_fn"],
     "kernel64": ["fc_kernel", "nt_kernel_fn"],
+    "ffn": ["linear_gram", "funcjac", "fwd_bwd"],
 }
+
+
+def _nt_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("jax", "neural_tangents"))
+
+
+def _groups() -> dict[str, list[str]]:
+    """``GROUPS`` without the neural-tangents implementations when it is not installed."""
+    if _nt_installed():
+        return GROUPS
+    out = {g: [i for i in impls if not i.startswith("nt")] for g, impls in GROUPS.items()}
+    return {g: impls for g, impls in out.items() if len(impls) > 1}
+
+
+def _thread_env(threads: int) -> dict[str, str]:
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={threads}",
+    }
+
+
+def _ffn_model(size: dict[str, int]):
+    """The chapter-6 FFN block (see case (c)) and its inputs, float32."""
+    import torch
+    from torch import nn
+
+    p, inner = size["ffn_p"], size["ffn_inner"]
+    gen = torch.Generator().manual_seed(0)
+
+    class FFNBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear1, self.linear2 = nn.Linear(p, inner), nn.Linear(inner, p)
+            self.norm = nn.LayerNorm(p)
+            self.register_buffer("readout", torch.randn(p, generator=gen) / p**0.5)
+            with torch.no_grad():  # the same weights in every worker
+                for lin in (self.linear1, self.linear2):
+                    lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen) / lin.in_features**0.5)
+                    lin.bias.copy_(0.1 * torch.randn(lin.bias.shape, generator=gen))
+            for prm in self.norm.parameters():
+                prm.requires_grad_(False)
+
+        def forward(self, h):  # (n, T, p) -> (n,)
+            h = self.norm(h + self.linear2(nn.functional.gelu(self.linear1(h))))
+            return h.mean(1) @ self.readout
+
+    model = FFNBlock()
+    x = torch.randn(size["ffn_n"], size["ffn_tokens"], p, generator=gen)
+    return model, x
 
 
 def _inputs(n: int, d: int, seed: int, dtype: str):
@@ -74,6 +140,27 @@ def build(group: str, impl: str, size: dict[str, int]) -> Callable[[], Any]:
     import torch
 
     from kernels.ntk import empirical_ntk, fc_kernel, fc_network
+
+    if group == "ffn":
+        from kernels.ntk import linear_gram_ntk
+
+        model, x = _ffn_model(size)
+        if impl == "linear_gram":
+            return lambda: linear_gram_ntk(model, x)
+        if impl == "fwd_bwd":  # the floor of any NTK method here: one gradient of the outputs' sum
+            trainable = [prm for prm in model.parameters() if prm.requires_grad]
+            return lambda: torch.autograd.grad(model(x).sum(), trainable)
+
+        class Flat(torch.nn.Module):  # empirical_ntk takes (n, d) inputs
+            def __init__(self):
+                super().__init__()
+                self.inner = model
+
+            def forward(self, flat):
+                return self.inner(flat.reshape(flat.shape[0], *x.shape[1:]))
+
+        flat_model, flat_x = Flat(), x.reshape(x.shape[0], -1)
+        return lambda: empirical_ntk(flat_model, flat_x, method="jacobian")
 
     if group == "empirical":
         x_np = _inputs(size["n"], size["d"], 0, "float32")
@@ -156,8 +243,10 @@ def _agreement(group: str, fns: dict[str, Callable[[], Any]]) -> dict[str, float
             value = value.detach().numpy()
         return np.asarray(value, dtype=np.float64)
 
-    outs = {name: as_np(fn()) for name, fn in fns.items()}
-    ref_name = "nt1" if group == "empirical" else "nt_kernel_fn"
+    outs = {name: as_np(fn()) for name, fn in fns.items() if name != "fwd_bwd"}
+    ref_name = {"empirical": "nt1", "ffn": "funcjac"}.get(group, "nt_kernel_fn")
+    if ref_name not in outs:  # neural-tangents not installed: compare with "jacobian"
+        ref_name = "jacobian"
     ref = outs[ref_name]
     return {
         name: float(np.abs(v.reshape(ref.shape) - ref).max() / np.abs(ref).max())
@@ -167,7 +256,7 @@ def _agreement(group: str, fns: dict[str, Callable[[], Any]]) -> dict[str, float
 
 
 def worker_time(group: str, size: dict[str, int], repeats: int) -> dict[str, Any]:
-    fns = {impl: build(group, impl, size) for impl in GROUPS[group]}
+    fns = {impl: build(group, impl, size) for impl in _groups()[group]}
     timings = time_interleaved(fns, repeats, pause_s=PAUSE_S)
     return {"timings": timings, "agreement": _agreement(group, fns)}
 
@@ -188,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, a few repeats")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per case")
     parser.add_argument("--out", type=Path, default=None, help="results folder")
+    parser.add_argument("--threads", type=int, default=1, help="torch and XLA threads (default 1)")
     parser.add_argument("--worker", choices=["time", "memory"], help=argparse.SUPPRESS)
     parser.add_argument("--group", choices=sorted(GROUPS), help=argparse.SUPPRESS)
     parser.add_argument("--impl", help=argparse.SUPPRESS)
@@ -195,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     size = SIZES["quick" if args.quick else "full"]
     repeats = args.repeats or size["repeats"]
 
+    if args.worker is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.worker == "time":
         print(json.dumps(worker_time(args.group, size, repeats)))
         return 0
@@ -204,25 +298,33 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    common = ["--quick"] if args.quick else []
-    x64 = {"JAX_ENABLE_X64": "1"}
-    print(f"torch {torch.__version__}, torch threads {torch.get_num_threads()}, "
-          f"{os.cpu_count()} logical cores; JAX/XLA uses its own thread pool on the same cores")
+    torch.set_num_threads(args.threads)  # as in the workers (machine_info reports it)
+    common = (["--quick"] if args.quick else []) + ["--threads", str(args.threads)]
+    threads_env = _thread_env(args.threads)
+    x64 = {**threads_env, "JAX_ENABLE_X64": "1"}
+    groups = _groups()
+    nt_ok = _nt_installed()
+    print(f"torch {torch.__version__}, {args.threads} thread(s) for torch and XLA in every worker, "
+          f"{os.cpu_count()} logical cores")
     print(f"(a) empirical_ntk: MLP {size['d']}-" + "-".join([str(size["width"])] * size["depth"])
           + f"-1, n={size['n']}, float32")
     print(f"(b) fc_kernel: {size['n_kernel']} x {size['d']} inputs, depth {size['depth']}, relu")
+    print(f"(c) FFN block NTK: {size['ffn_n']} x {size['ffn_tokens']} tokens, "
+          f"{size['ffn_p']} -> {size['ffn_inner']} -> {size['ffn_p']}, float32")
+    if not nt_ok:
+        print("neural-tangents: not installed; its columns are skipped")
 
     load_start = os.getloadavg()
     timings: dict[str, Any] = {}
-    for group in GROUPS:
-        env = x64 if group == "kernel64" else None
+    for group in groups:
+        env = x64 if group == "kernel64" else threads_env
         print(f"timing {group} ({repeats} interleaved repeats) ...", flush=True)
         timings[group] = run_worker(
             HERE, ["--worker", "time", "--group", group, "--repeats", str(repeats), *common], env
         )
     peaks: dict[tuple[str, str], Any] = {}
-    for group, impls in GROUPS.items():
-        env = x64 if group == "kernel64" else None
+    for group, impls in groups.items():
+        env = x64 if group == "kernel64" else threads_env
         for impl in impls:
             print(f"peak memory {group}/{impl} ...", flush=True)
             peaks[group, impl] = run_worker(
@@ -233,55 +335,85 @@ def main(argv: list[str] | None = None) -> int:
     load_end = os.getloadavg()
     rows = []
     emp = timings["empirical"]["timings"]
-    best_nt = min(("nt1", "nt2"), key=lambda k: emp[k]["median_s"])
     mlp = (
         f"MLP {size['d']}-" + "-".join([str(size["width"])] * size["depth"])
-        + f"-1 (ReLU, NTK param.), {size['n']} inputs, x2=None, float32"
+        + f"-1 (ReLU, NTK param.), {size['n']} inputs, x2=None, float32, {args.threads} thread(s)"
     )
     nt_name = "neural_tangents.empirical_ntk_fn (jit, implementation={})"
-    for method, ref_impl, goal, threshold in [
-        ("gram", best_nt, "speedup >= 3 vs the faster of NT implementations 1 and 2 "
-         "(method='auto' picks 'gram' here)", 3.0),
-        ("jacobian", "nt1", "speedup >= 1 vs NT's same algorithm (Jacobian contraction)", 1.0),
-        ("jvp", "nt2", "speedup >= 1 vs NT's same algorithm (NTK-vector products)", 1.0),
-    ]:
-        ours_s = emp[method]["median_s"]
-        ref_s = emp[ref_impl]["median_s"]
-        rows.append({
-            "case": "empirical_ntk",
-            "shape": mlp,
-            "ours": method,
-            "ours_s": ours_s,
-            "ours_iqr_s": emp[method].get("iqr_s"),
-            "ref": nt_name.format(ref_impl[-1]),
-            "ref_s": ref_s,
-            "ref_iqr_s": emp[ref_impl].get("iqr_s"),
-            "speedup": ref_s / ours_s,
-            "ours_peak_mb": peaks["empirical", method],
-            "ref_peak_mb": peaks["empirical", ref_impl],
-            "goal": goal,
-            "goal_met": bool(ref_s / ours_s >= threshold),
-        })
-    for group, label in [("kernel32", "float32"), ("kernel64", "float64")]:
-        t = timings[group]["timings"]
-        ours_s, ref_s = t["fc_kernel"]["median_s"], t["nt_kernel_fn"]["median_s"]
-        math_note = "ours computes in float64" if label == "float32" else "both float64"
-        rows.append({
-            "case": "fc_kernel",
-            "shape": f"{size['n_kernel']} x {size['d']} inputs, x2=None, depth {size['depth']}, "
-                     f"ReLU, nngp+ntk, {label} in/out ({math_note})",
-            "ours": "fc_kernel",
-            "ours_s": ours_s,
-            "ours_iqr_s": t["fc_kernel"].get("iqr_s"),
-            "ref": f"neural_tangents.stax kernel_fn (jit, {label})",
-            "ref_s": ref_s,
-            "ref_iqr_s": t["nt_kernel_fn"].get("iqr_s"),
-            "speedup": ref_s / ours_s,
-            "ours_peak_mb": peaks[group, "fc_kernel"],
-            "ref_peak_mb": peaks[group, "nt_kernel_fn"],
-            "goal": "no slower than kernel_fn (speedup >= 1)",
-            "goal_met": bool(ref_s / ours_s >= 1.0),
-        })
+    if nt_ok:
+        best_nt = min(("nt1", "nt2"), key=lambda k: emp[k]["median_s"])
+        for method, ref_impl, goal, threshold in [
+            ("gram", best_nt, "speedup >= 3 vs the faster of NT implementations 1 and 2 "
+             "(method='auto' picks 'gram' here)", 3.0),
+            ("jacobian", "nt1", "speedup >= 1 vs NT's same algorithm (Jacobian contraction)", 1.0),
+            ("jvp", "nt2", "speedup >= 1 vs NT's same algorithm (NTK-vector products)", 1.0),
+        ]:
+            ours_s = emp[method]["median_s"]
+            ref_s = emp[ref_impl]["median_s"]
+            rows.append({
+                "case": "empirical_ntk",
+                "shape": mlp,
+                "ours": method,
+                "ours_s": ours_s,
+                "ours_iqr_s": emp[method].get("iqr_s"),
+                "ref": nt_name.format(ref_impl[-1]),
+                "ref_s": ref_s,
+                "ref_iqr_s": emp[ref_impl].get("iqr_s"),
+                "speedup": ref_s / ours_s,
+                "ours_peak_mb": peaks["empirical", method],
+                "ref_peak_mb": peaks["empirical", ref_impl],
+                "goal": goal,
+                "goal_met": bool(ref_s / ours_s >= threshold),
+            })
+        for group, label in [("kernel32", "float32"), ("kernel64", "float64")]:
+            t = timings[group]["timings"]
+            ours_s, ref_s = t["fc_kernel"]["median_s"], t["nt_kernel_fn"]["median_s"]
+            math_note = "ours computes in float64" if label == "float32" else "both float64"
+            rows.append({
+                "case": "fc_kernel",
+                "shape": f"{size['n_kernel']} x {size['d']} inputs, x2=None, depth {size['depth']}, "
+                         f"ReLU, nngp+ntk, {label} in/out ({math_note}), {args.threads} thread(s)",
+                "ours": "fc_kernel",
+                "ours_s": ours_s,
+                "ours_iqr_s": t["fc_kernel"].get("iqr_s"),
+                "ref": f"neural_tangents.stax kernel_fn (jit, {label})",
+                "ref_s": ref_s,
+                "ref_iqr_s": t["nt_kernel_fn"].get("iqr_s"),
+                "speedup": ref_s / ours_s,
+                "ours_peak_mb": peaks[group, "fc_kernel"],
+                "ref_peak_mb": peaks[group, "nt_kernel_fn"],
+                "goal": "no slower than kernel_fn (speedup >= 1)",
+                "goal_met": bool(ref_s / ours_s >= 1.0),
+            })
+    t = timings["ffn"]["timings"]
+    ours_s, ref_s = t["linear_gram"]["median_s"], t["funcjac"]["median_s"]
+    rows.append({
+        "case": "FFN-block NTK",
+        "shape": f"{size['ffn_n']} sentences x {size['ffn_tokens']} tokens, FFN {size['ffn_p']}-"
+                 f"{size['ffn_inner']}-{size['ffn_p']} GELU + residual + frozen LayerNorm, mean pool, "
+                 f"fixed readout; FFN trainable; float32, {args.threads} thread(s)",
+        "ours": "linear_gram_ntk",
+        "ours_s": ours_s,
+        "ours_iqr_s": t["linear_gram"].get("iqr_s"),
+        "ref": "torch.func Jacobian contraction (vmap(jacrev); empirical_ntk method='jacobian')",
+        "ref_s": ref_s,
+        "ref_iqr_s": t["funcjac"].get("iqr_s"),
+        "speedup": ref_s / ours_s,
+        "ours_peak_mb": peaks["ffn", "linear_gram"],
+        "ref_peak_mb": peaks["ffn", "funcjac"],
+        "goal": "speedup >= 5 vs torch.func Jacobian contraction",
+        "goal_met": bool(ref_s / ours_s >= 5.0),
+    })
+    floor_s = t["fwd_bwd"]["median_s"]
+    ffn_note = (
+        f"FFN block: one forward and backward pass of the block (the gradient of the outputs' sum, "
+        f"which every NTK method needs at least once) takes {1e3 * floor_s:.1f} ms, so no method can be "
+        f"more than {ref_s / floor_s:.2f}x faster than the torch.func Jacobian contraction here; "
+        f"linear_gram_ntk takes {ours_s / floor_s:.2f} such passes. At {size['ffn_tokens']} tokens the "
+        "token-pair Gram costs T^2 (d_in + d_out) multiply-adds per sentence pair and layer, about the "
+        "d_in d_out of contracting per-sentence gradients, so the Gram trick saves the per-sample Jacobians "
+        "(memory) and their formation, not the quadratic term."
+    )
 
     compile_lines = []
     for group, res in timings.items():
@@ -321,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|",
         *agree_lines,
         "",
+        ffn_note,
+        "",
+        "Threads: torch and XLA both ran on "
+        f"{args.threads} thread(s) (torch.set_num_threads; XLA_FLAGS with the Eigen pool off). "
         "The float32 `fc_kernel` difference is neural-tangents' float32 rounding, amplified "
         "by arccos near the diagonal (ours computes in float64; in float64 both agree to "
         "the digits shown).",
@@ -334,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     if out_dir is None:
         print("\nquick run: results not written (pass --out DIR to write them)")
         return 0
-    machine = machine_info(**_versions())
+    machine = machine_info(**(_versions() if nt_ok else {"neural_tangents": "not installed"}))
     json_path, md_path = write_results("ntk", machine, rows, notes, out_dir)
     print(f"\nwrote {json_path} and {md_path}")
     return 0
