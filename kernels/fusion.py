@@ -1111,7 +1111,7 @@ def ffn_output_error(
     if x.ndim == 2:
         x = x[:, None, :]
     if mask is None:
-        mask = torch.ones(x.shape[:2], dtype=x.dtype)
+        mask = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device)
     elif tuple(mask.shape) != tuple(x.shape[:2]):
         raise ValueError(f"mask must have shape {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
     with torch.no_grad():

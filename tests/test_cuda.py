@@ -731,10 +731,6 @@ def test_ffn_output_error_with_mask_cuda() -> None:
     assert got == pytest.approx(ref, rel=1e-10)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernels/fusion.py:1114 ffn_output_error(..., mask=None) builds "
-    "torch.ones(x.shape[:2], dtype=x.dtype) without device=, so a CUDA x fails at the "
-    "product with the mask (line 1118)"))
 def test_ffn_output_error_without_mask_cuda() -> None:
     mlp = _mlp()
     l1, l2 = compress_mlp(mlp[0], mlp[2], 8, generator=gen(108))
