@@ -169,7 +169,8 @@ def _plain_tensor(x: Tensor) -> bool:
 
 class _FWHT(torch.autograd.Function):
     """:math:`y = x H` with :math:`H` symmetric: the backward pass is :math:`g H`, and the
-    forward-mode derivative of a tangent :math:`t` is :math:`t H`."""
+    forward-mode derivative of a tangent :math:`t` is :math:`t H`; under ``torch.vmap``
+    the batch dimension becomes more rows."""
 
     @staticmethod
     def forward(x: Tensor, normalized: bool) -> Tensor:  # type: ignore[override]
@@ -186,6 +187,13 @@ class _FWHT(torch.autograd.Function):
     @staticmethod
     def jvp(ctx: Any, tangent: Tensor, _normalized: Any) -> Tensor:
         return _FWHT.apply(tangent, ctx.normalized)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, x: Tensor, normalized: bool) -> tuple[Tensor, Any]:
+        # The transform acts on the last dimension: any other batch dimension is a row index.
+        if in_dims[0] is None:
+            return _FWHT.apply(x, normalized), None
+        return _FWHT.apply(x.movedim(in_dims[0], 0), normalized), 0
 
 
 def fwht_backend(x: Tensor, backend: str = "auto") -> str:

@@ -327,35 +327,65 @@ void stride_pass_k(int k, T* x, int64_t nvec, int64_t h, T scale, bool last) {
   }
 }
 
-// Stages of spans h0 .. nvec/2 (in vectors) on x[0 : nvec vectors), in passes of at most
-// kFwhtMaxK stages, the remainder spread so that no pass is much shorter than the others.
+// Stages of spans h0 .. row/2 (in vectors) on x[0 : total vectors), rows of `row` vectors
+// one after the other, in passes of at most kFwhtMaxK stages, the remainder spread so
+// that no pass is much shorter than the others.
 template <typename T>
-void stride_passes(T* x, int64_t nvec, int64_t h0, T scale, bool last) {
-  int left = ilog2(nvec) - ilog2(h0);
+void stride_passes(T* x, int64_t total, int64_t row, int64_t h0, T scale, bool last) {
+  int left = ilog2(row) - ilog2(h0);
   int64_t h = h0;
   while (left > 0) {
     const int passes = (left + kFwhtMaxK - 1) / kFwhtMaxK;
     const int k = (left + passes - 1) / passes;
-    stride_pass_k<T>(k, x, nvec, h, scale, last && k == left);
+    stride_pass_k<T>(k, x, total, h, scale, last && k == left);
     h <<= k;
     left -= k;
   }
+}
+
+// All stages of total / row consecutive rows of `row` vectors each, pass by pass over all
+// of them (so that short rows share one loop instead of paying its set-up per row).
+template <typename T>
+void fwht_rows_in_cache(const T* src, T* dst, int64_t total, int64_t row, T scale) {
+  const int k0 = std::min(kFwhtMaxK, ilog2(row));
+  const bool done = (int64_t(1) << k0) == row;
+  first_pass_k<T>(k0, src, dst, total, scale, done);
+  if (!done) stride_passes<T>(dst, total, row, int64_t(1) << k0, scale, true);
 }
 
 template <typename T>
 void fwht_row_vector(const T* src, T* dst, int64_t d, T scale) {
   constexpr int L = FwhtVec<T>::lanes;
   const int64_t nvec = d / L;
-  const int64_t block = std::min<int64_t>(nvec, block_elems<T>() / L);  // in vectors
-  const int k0 = std::min(kFwhtMaxK, ilog2(block));
-  const bool one_block = block == nvec;
-  for (int64_t b = 0; b < nvec; b += block) {
-    const bool last_in_block = one_block && (int64_t(1) << k0) == block;
-    first_pass_k<T>(k0, src + b * L, dst + b * L, block, scale, last_in_block);
-    if (!last_in_block)
-      stride_passes<T>(dst + b * L, block, int64_t(1) << k0, scale, one_block);
+  const int64_t block = block_elems<T>() / L;  // in vectors
+  if (nvec <= block) {
+    fwht_rows_in_cache<T>(src, dst, nvec, nvec, scale);
+    return;
   }
-  if (!one_block) stride_passes<T>(dst, nvec, block, scale, true);
+  // A row larger than the L1 block: its first stages block by block, then the stages
+  // that span blocks over the whole row.
+  const int k0 = std::min(kFwhtMaxK, ilog2(block));
+  for (int64_t b = 0; b < nvec; b += block) {
+    first_pass_k<T>(k0, src + b * L, dst + b * L, block, scale, false);
+    stride_passes<T>(dst + b * L, block, block, int64_t(1) << k0, scale, false);
+  }
+  stride_passes<T>(dst, nvec, nvec, block, scale, true);
+}
+
+// rows consecutive rows of d (>= lanes) elements.
+template <typename T>
+void fwht_rows_vector(const T* src, T* dst, int64_t rows, int64_t d, T scale) {
+  constexpr int L = FwhtVec<T>::lanes;
+  const int64_t nvec = d / L;
+  if (d > block_elems<T>()) {
+    for (int64_t r = 0; r < rows; ++r) fwht_row_vector<T>(src + r * d, dst + r * d, d, scale);
+    return;
+  }
+  const int64_t chunk = block_elems<T>() / d;  // rows per L1 block
+  for (int64_t r = 0; r < rows; r += chunk) {
+    const int64_t n = std::min(chunk, rows - r);
+    fwht_rows_in_cache<T>(src + r * d, dst + r * d, n * nvec, nvec, scale);
+  }
 }
 #endif  // vector path
 
@@ -372,10 +402,17 @@ inline void fwht_row(const T* src, T* dst, int64_t d, T scale) {
 
 template <typename T>
 void fwht_rows(const T* src, T* dst, int64_t rows, int64_t d, T scale) {
-  // A task of >= 2^16 elements (256 KiB of float32, tens of microseconds): below that,
-  // waking a second thread costs more than it saves (measured in benchmarks/bench_fwht.py).
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / d);
+  // A task of >= 2^17 elements (512 KiB of float32, about 50 microseconds on one core):
+  // below that, waking a second thread costs more than it saves, and on a loaded machine
+  // a barrier that waits for a descheduled thread costs a whole time slice.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / d);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+#ifdef NNK_FWHT_VECTOR
+    if (d >= FwhtVec<T>::lanes) {
+      fwht_rows_vector<T>(src + begin * d, dst + begin * d, end - begin, d, scale);
+      return;
+    }
+#endif
     for (int64_t r = begin; r < end; ++r) fwht_row(src + r * d, dst + r * d, d, scale);
   });
 }
