@@ -128,7 +128,7 @@ def test_fwht_compiled_exact_against_scipy(dtype, threads) -> None:
     gen = torch.Generator().manual_seed(20)
     for log_d in range(15):
         d = 1 << log_d
-        for batch in (1, 3, 37):
+        for batch in (1, 3, 37) if d <= 4096 else (1, 3):
             x = torch.randint(-4, 5, (batch, d), generator=gen).to(dtype)
             want = torch.from_numpy(_reference_fwht(x.numpy())).to(dtype)
             got = fwht(x, normalized=False, backend="compiled")
@@ -189,7 +189,7 @@ def test_fwht_large_output_is_an_ordinary_tensor() -> None:
 @pytest.mark.parametrize("normalized", [True, False])
 def test_fwht_gradcheck_sizes_and_forward_mode(normalized: bool) -> None:
     gen = torch.Generator().manual_seed(23)
-    for d in (1, 2, 16, 64, 512):
+    for d in (1, 2, 16, 128):
         x = torch.randn(3, d, dtype=F64, generator=gen, requires_grad=True)
         fn = lambda v: fwht(v, normalized, backend="compiled")  # noqa: E731
         assert torch.autograd.gradcheck(fn, (x,), check_forward_ad=True)
