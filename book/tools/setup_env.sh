@@ -35,7 +35,8 @@ stamp="$VENV/.nn-kernels-book-installed"
 if [ $bench = 1 ]; then
     # The [bench] extra of pyproject.toml, pinned in constraints.txt, into an existing venv
     # (make bench runs make env first). ffht-unofficial's setup.py imports numpy and
-    # pybind11, which pip's build isolation hides from it: pybind11 is installed first and
+    # pybind11, which pip's build isolation hides from it: pybind11 and setuptools (a fresh
+    # venv may have none: the project builds in isolation) are installed first and
     # the anchors are then built with --no-build-isolation. The project itself is not
     # reinstalled. A failed build is a warning: the benchmark skips that anchor's column.
     bench_stamp="$VENV/.nn-kernels-book-bench-installed"
@@ -48,7 +49,7 @@ for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-depende
     print(r)')
     pip=("$VENV/bin/python" -m pip)
     echo "setup_env: installing the [bench] extra into $VENV: ${extra[*]}"
-    "${pip[@]}" install --progress-bar on -c constraints.txt pybind11 numpy "setuptools<85"
+    "${pip[@]}" install --progress-bar on -c constraints.txt pybind11 setuptools numpy
     if "${pip[@]}" install --progress-bar on --no-build-isolation -c constraints.txt "${extra[@]}"; then
         echo "$want" > "$bench_stamp"
     else
@@ -104,7 +105,7 @@ if [ $relock = 1 ]; then
         echo "# Used as a pip constraints file by book/tools/setup_env.sh; environment.yml mirrors it."
         echo "# Regenerate with: book/tools/setup_env.sh --relock (see README, 'Pins')."
         "${pip[@]}" freeze --exclude-editable | sed -E 's/^(torch==[^+]*)\+cpu$/\1/' \
-            | grep -viE '^(ffht-unofficial|pybind11)=='
+            | grep -viE '^(ffht-unofficial|pybind11|setuptools)=='
         # The optional [bench] block is kept as it was (it is not part of this resolve).
         sed -n '/^# \[bench\] optional extra/,$p' constraints.txt.bak
     } > constraints.txt
