@@ -75,9 +75,11 @@ inline int64_t check_tables(const torch::Tensor& tables) {
 //     registers, 3 otherwise): so one pass over the data does log2(L) + K stages
 //     (8 stages for float32 with AVX-512), and every later pass K more stages, loading
 //     2^K vectors at a stride of h vectors;
-//   * the passes of a row block by block of 16 KiB (L1) before the stages that span
-//     blocks, the scale of the normalised transform folded into the last pass, and
-//     threads over rows only when there is enough work per thread to repay waking them.
+//   * rows shorter than 16 KiB pass by pass over chunks of rows that fill 16 KiB (L1), so
+//     that a short row does not pay a loop set-up per pass; longer rows block by block
+//     of 16 KiB before the stages that span blocks; the scale of the normalised transform
+//     folded into the last pass; threads over rows only when each gets enough work;
+//   * outputs of 4 MiB and more on transparent huge pages (empty_output_like below).
 // Written with GCC's vector extensions (vector_size, __builtin_shuffle): the same source
 // becomes AVX-512, AVX2 or SSE code under -march=native. Other compilers, and rows shorter
 // than one vector, take the scalar path (fwht_row_portable), which uses the same stage
