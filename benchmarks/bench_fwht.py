@@ -105,7 +105,10 @@ def bench_shape(d: int, batch: int, threads: int, repeats: int, ffht: Optional[A
         fns["ffht"] = looped(lambda: ffht.fht(xn, threads), count)
     if d * batch <= MAX_TORCH_ELEMENTS:
         fns["torch"] = looped(lambda: fwht_torch(x, False), count)
-    times = time_interleaved(fns, repeats, pause_s=0.002 if threads > 1 else 0.0)
+    # No idle pause between calls: torch and FFHT share one OpenMP runtime (torch's
+    # libgomp), and a pause lets its workers fall asleep, so that on a loaded machine each
+    # parallel call then waits up to a scheduler time slice (~20 ms) to wake one.
+    times = time_interleaved(fns, repeats)
     per_call = {k: {s: v / count for s, v in t.items()} for k, t in times.items()}
     ours = per_call["ours"]
     gbytes = 2 * 4 * d * batch / 1e9
