@@ -39,7 +39,9 @@ record: env
 	$(PY) book/tools/run_chapters.py --profile full --out _build/run $(foreach s,$(SET),--set $(s)) $(CHAPTERS)
 	for c in $(CHAPTERS); do $(PY) book/tools/record_run.py _build/run/full/$$c.ipynb --profile full --note "$(NOTE)" || exit 1; done
 
+# (adds the [bench] extra, the third-party anchors, to .venv: book/tools/setup_env.sh --bench)
 bench: env
+	@VENV=$(VENV) bash book/tools/setup_env.sh --bench
 	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
 
 clean:

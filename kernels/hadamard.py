@@ -48,6 +48,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from kernels import _ext
 from kernels._checks import check_choice, check_positive_int, check_tensor
 
 __all__ = [
@@ -143,13 +144,33 @@ def fwht_torch(x: Tensor, normalized: bool = True) -> Tensor:
 def _compiled_fwht(x: Tensor, normalized: bool) -> Tensor:
     from kernels._ext import build
 
-    d = x.shape[-1]
-    rows = x.detach().reshape(-1, d).contiguous()
-    return build().fwht(rows, normalized).reshape(x.shape)
+    module = build()
+    if x.requires_grad:
+        x = x.detach()
+    if x.ndim == 2 and x.is_contiguous():  # no reshape: they cost microseconds each
+        return module.fwht(x, normalized)
+    return module.fwht(x.reshape(-1, x.shape[-1]).contiguous(), normalized).view(x.shape)
+
+
+_forward_ad = torch.autograd.forward_ad
+_functorch_level = torch._C._functorch.maybe_current_level
+
+
+def _plain_tensor(x: Tensor) -> bool:
+    """True when no autograd or ``torch.func`` machinery can see ``x``: then the compiled
+    kernel is called directly, without ``torch.autograd.Function`` (whose ``apply`` costs
+    tens of microseconds, more than the whole transform of a few short rows)."""
+    return (
+        not x.requires_grad
+        and _forward_ad._current_level < 0  # no dual (forward-mode) tensors
+        and _functorch_level() is None  # no torch.func transform
+    )
 
 
 class _FWHT(torch.autograd.Function):
-    """:math:`y = x H` with :math:`H` symmetric: the backward pass is :math:`g H`."""
+    """:math:`y = x H` with :math:`H` symmetric: the backward pass is :math:`g H`, and the
+    forward-mode derivative of a tangent :math:`t` is :math:`t H`; under ``torch.vmap``
+    the batch dimension becomes more rows."""
 
     @staticmethod
     def forward(x: Tensor, normalized: bool) -> Tensor:  # type: ignore[override]
@@ -162,6 +183,17 @@ class _FWHT(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         return _FWHT.apply(grad, ctx.normalized), None
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, _normalized: Any) -> Tensor:
+        return _FWHT.apply(tangent, ctx.normalized)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, x: Tensor, normalized: bool) -> tuple[Tensor, Any]:
+        # The transform acts on the last dimension: any other batch dimension is a row index.
+        if in_dims[0] is None:
+            return _FWHT.apply(x, normalized), None
+        return _FWHT.apply(x.movedim(in_dims[0], 0), normalized), 0
 
 
 def fwht_backend(x: Tensor, backend: str = "auto") -> str:
@@ -202,10 +234,26 @@ def fwht(x: Tensor, normalized: bool = True, backend: str = "auto") -> Tensor:
     ``x``: ``(..., d)`` with ``d`` a power of two; returns the same shape and dtype.
     Cost :math:`O(d \\log d)` per row instead of the dense product's :math:`O(d^2)`.
     The normalised transform is orthogonal and its own inverse; the unnormalised one
-    satisfies :math:`H_d H_d = d I`. Differentiable (the backward pass is the same
-    transform). ``backend``: see :func:`fwht_backend`. Derived in chapter 5, section
-    "The fast Walsh-Hadamard transform".
+    satisfies :math:`H_d H_d = d I`. Differentiable in reverse and forward mode (the
+    derivative is the same transform). ``backend``: see :func:`fwht_backend`. Derived in
+    chapter 5, section "The fast Walsh-Hadamard transform"; the compiled kernel's design
+    and its speed against FFHT: ``kernels/csrc/lookup_cpu.cpp`` and
+    ``benchmarks/bench_fwht.py``.
     """
+    module = _ext._module  # the compiled kernels once a first call has loaded them
+    if (
+        module is not None
+        and backend == "auto"
+        and (normalized is True or normalized is False)
+        and _forward_ad._current_level < 0
+        and _functorch_level() is None
+    ):
+        # The common call (a plain contiguous 2-D float CPU tensor, checked in C++; None
+        # for anything else): FFHT's Python binding costs about a microsecond, and so
+        # does this path (benchmarks/bench_fwht.py, batch 1).
+        y = module.fwht_plain(x, normalized)
+        if y is not None:
+            return y
     check_tensor("x", x, finite=False)
     if x.ndim == 0:
         raise ValueError("x must have at least one dimension, got a scalar")
@@ -214,6 +262,8 @@ def fwht(x: Tensor, normalized: bool = True, backend: str = "auto") -> Tensor:
     _check_length("x", x.shape[-1])
     if fwht_backend(x, backend) == "torch":
         return fwht_torch(x, normalized)
+    if _plain_tensor(x):
+        return _compiled_fwht(x, normalized)
     return _FWHT.apply(x, normalized)
 
 

@@ -3,6 +3,7 @@ structured projections of Fig. 4 against their dense matrices (chapter 5)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -90,6 +91,122 @@ def test_fwht_gradcheck(normalized: bool) -> None:
     x = torch.randn(3, 16, dtype=F64, generator=torch.Generator().manual_seed(4), requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: fwht(v, normalized, backend="compiled"), (x,))
     assert torch.autograd.gradgradcheck(lambda v: fwht(v, normalized, backend="compiled"), (x,))
+
+
+# ---------------------------------------------------------------- the compiled kernel
+# Reference: scipy.linalg.hadamard, dense up to 2048; beyond, through the Sylvester
+# (Kronecker) structure H_{a n} = H_a (x) H_n, so that row x reshaped to (a, n) maps to
+# H_a X H_n -- both factors from scipy, never from kernels.hadamard.
+SCIPY_DENSE_MAX = 2048
+
+
+def _reference_fwht(x: np.ndarray) -> np.ndarray:
+    """x @ H_d in float64 for x of shape (rows, d), from scipy's dense Hadamard matrices."""
+    rows, d = x.shape
+    n = min(d, SCIPY_DENSE_MAX)
+    blocks = x.astype(np.float64).reshape(rows, d // n, n)
+    return (_scipy_hadamard(d // n) @ blocks @ _scipy_hadamard(n)).reshape(rows, d)
+
+
+@functools.lru_cache(maxsize=None)
+def _scipy_hadamard(n: int) -> np.ndarray:
+    return scipy.linalg.hadamard(n).astype(np.float64)
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
+def test_fwht_compiled_exact_against_scipy(dtype, threads) -> None:
+    # Small integers: every partial sum is an exact float (|y| <= 4 d <= 2^16 < 2^24), so
+    # the unnormalised transform must equal scipy's bit for bit, whatever the stage order.
+    gen = torch.Generator().manual_seed(20)
+    for log_d in range(15):
+        d = 1 << log_d
+        for batch in (1, 3, 37) if d <= 4096 else (1, 3):
+            x = torch.randint(-4, 5, (batch, d), generator=gen).to(dtype)
+            want = torch.from_numpy(_reference_fwht(x.numpy())).to(dtype)
+            got = fwht(x, normalized=False, backend="compiled")
+            assert got.dtype == dtype and got.shape == x.shape
+            assert torch.equal(got, want), (d, batch, float((got - want).abs().max()))
+            # normalised: the same up to the one rounding of the scale
+            got_n = fwht(x, normalized=True, backend="compiled")
+            tol = 1e-6 if dtype == torch.float32 else 1e-14
+            torch.testing.assert_close(got_n, want / math.sqrt(d), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("normalized", [True, False])
+def test_fwht_compiled_random_rows_many_threads(dtype, normalized, threads) -> None:
+    # Enough rows (> 2^17 elements) that two threads split them; an odd row count.
+    gen = torch.Generator().manual_seed(21)
+    for d, batch in ((16, 9001), (1024, 301), (8192, 19), (16384, 9)):
+        x = torch.randn(batch, d, generator=gen, dtype=dtype)
+        want = _reference_fwht(x.numpy()) / (math.sqrt(d) if normalized else 1.0)
+        got = fwht(x, normalized, backend="compiled").double().numpy()
+        scale = math.sqrt(d) if not normalized else 1.0
+        tol = 2e-6 * scale * math.log2(d) if dtype == torch.float32 else 1e-13 * scale * math.log2(d)
+        np.testing.assert_allclose(got, want, rtol=0, atol=max(tol, 1e-13))
+
+
+def test_fwht_compiled_layouts_and_misaligned_rows() -> None:
+    gen = torch.Generator().manual_seed(22)
+    base = torch.randn(4 * 1024 + 3, generator=gen)
+    cases = {
+        "offset by one element (unaligned rows)": base[1 : 1 + 4 * 1024].view(4, 1024),
+        "transposed": torch.randn(64, 6, generator=gen).T,
+        "strided rows": torch.randn(10, 256, generator=gen)[::3],
+        "strided columns": torch.randn(5, 512, generator=gen)[:, ::2],
+        "3-D with a batch stride": torch.randn(3, 4, 32, generator=gen).transpose(0, 1),
+        "expanded": torch.randn(1, 128, generator=gen).expand(7, 128),
+        "nn.Parameter": torch.nn.Parameter(torch.randn(3, 64, generator=gen), requires_grad=False),
+    }
+    for name, x in cases.items():
+        want = _reference_fwht(x.detach().reshape(-1, x.shape[-1]).numpy()).reshape(x.shape)
+        got = fwht(x, normalized=False, backend="compiled")
+        np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-5, atol=1e-4, err_msg=name)
+        auto = fwht(x, normalized=False)  # the fast entry and the general path agree
+        torch.testing.assert_close(auto, got, rtol=0, atol=0, msg=name)
+
+
+def test_fwht_large_output_is_an_ordinary_tensor() -> None:
+    # Outputs from 32 MiB come from the huge-page allocator: resizable and freed like any.
+    x = torch.randint(-2, 3, (4096, 2048)).float()  # 32 MiB
+    y = fwht(x, normalized=False)
+    assert torch.equal(y[-2:], torch.from_numpy(_reference_fwht(x[-2:].numpy())).float())
+    y.add_(1.0)
+    y.resize_(6144, 2048)  # grows through the same allocator
+    y[4096:] = 0.0
+    assert y.shape == (6144, 2048) and y.is_contiguous() and float(y[5000].abs().sum()) == 0.0
+    del y
+
+
+@pytest.mark.parametrize("normalized", [True, False])
+def test_fwht_gradcheck_sizes_and_forward_mode(normalized: bool) -> None:
+    gen = torch.Generator().manual_seed(23)
+    for d in (1, 2, 16, 128):
+        x = torch.randn(3, d, dtype=F64, generator=gen, requires_grad=True)
+        fn = lambda v: fwht(v, normalized, backend="compiled")  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (x,), check_forward_ad=True)
+    with torch.autograd.forward_ad.dual_level():
+        x = torch.randn(2, 32, dtype=F64, generator=gen)
+        t = torch.randn(2, 32, dtype=F64, generator=gen)
+        y = fwht(torch.autograd.forward_ad.make_dual(x, t), normalized)
+        tangent = torch.autograd.forward_ad.unpack_dual(y).tangent
+    scale = math.sqrt(32) if normalized else 1.0
+    np.testing.assert_allclose(tangent.numpy(), _reference_fwht(t.numpy()) / scale, atol=1e-12)
+
+
+def test_fwht_under_torch_func() -> None:
+    # torch.func transforms see the autograd.Function, not the direct kernel entry.
+    x = torch.randn(2, 16, dtype=F64, generator=torch.Generator().manual_seed(24))
+    jac = torch.func.jacrev(lambda v: fwht(v, False, backend="compiled"))(x[0])
+    np.testing.assert_array_equal(jac.numpy(), scipy.linalg.hadamard(16).astype(float))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")

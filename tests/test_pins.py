@@ -33,6 +33,25 @@ def test_installed_versions_match_the_pins() -> None:
     assert not wrong, f"installed versions differ from constraints.txt: {wrong}"
 
 
+def test_bench_extra_is_pinned_and_optional() -> None:
+    # The [bench] extra (make bench) is pinned at the end of constraints.txt, apart from the
+    # base environment: installed or not, never a different version than pinned.
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["bench"]
+    names = {re.split(r"[<>=!~ ]", r, maxsplit=1)[0].lower() for r in extra}
+    bench = lock.read_pins(ROOT / "constraints.txt", bench=True)
+    assert names == set(bench), (names, bench)
+    assert not names & set(lock.read_pins(ROOT / "constraints.txt"))
+    for name, version in bench.items():
+        try:
+            got = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        assert got.split("+")[0] == version, (name, got, version)
+
+
 def test_reference_stack_pins() -> None:
     pins = lock.read_pins(ROOT / "constraints.txt")
     assert pins["torch"] == "2.13.0"

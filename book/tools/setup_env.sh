@@ -3,6 +3,7 @@
 #
 #   book/tools/setup_env.sh            # create .venv if needed and install the pins
 #   book/tools/setup_env.sh --relock   # re-resolve from pyproject.toml and rewrite the pins
+#   book/tools/setup_env.sh --bench    # add the [bench] extra (benchmark anchors) to .venv
 #
 # Both README commands (make book, make test) call this first. It is idempotent: a
 # stamp file records the hash of constraints.txt + pyproject.toml, so an unchanged
@@ -19,8 +20,10 @@ VENV=${VENV:-.venv}
 TORCH_INDEX_URL=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
 PIP_PIN="pip==26.3"
 relock=0
+bench=0
 case "${1:-}" in
     --relock) relock=1 ;;
+    --bench) bench=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
     *) echo "setup_env: unknown argument ${1}; see --help" >&2; exit 2 ;;
@@ -28,6 +31,33 @@ esac
 
 want=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 stamp="$VENV/.nn-kernels-book-installed"
+
+if [ $bench = 1 ]; then
+    # The [bench] extra of pyproject.toml, pinned in constraints.txt, into an existing venv
+    # (make bench runs make env first). ffht-unofficial's setup.py imports numpy and
+    # pybind11, which pip's build isolation hides from it: pybind11 and setuptools (a fresh
+    # venv may have none: the project builds in isolation) are installed first and
+    # the anchors are then built with --no-build-isolation. The project itself is not
+    # reinstalled. A failed build is a warning: the benchmark skips that anchor's column.
+    bench_stamp="$VENV/.nn-kernels-book-bench-installed"
+    if [ -f "$bench_stamp" ] && [ "$(cat "$bench_stamp")" = "$want" ]; then
+        exit 0
+    fi
+    [ -x "$VENV/bin/python" ] || { echo "setup_env --bench: no $VENV; run make env first" >&2; exit 1; }
+    mapfile -t extra < <("$VENV/bin/python" -c 'import tomllib
+for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["bench"]:
+    print(r)')
+    pip=("$VENV/bin/python" -m pip)
+    echo "setup_env: installing the [bench] extra into $VENV: ${extra[*]}"
+    "${pip[@]}" install --progress-bar on -c constraints.txt pybind11 setuptools numpy
+    if "${pip[@]}" install --progress-bar on --no-build-isolation -c constraints.txt "${extra[@]}"; then
+        echo "$want" > "$bench_stamp"
+    else
+        echo "setup_env: WARNING: the [bench] extra did not build (see above); the benchmarks" \
+             "skip the anchors that are not installed" >&2
+    fi
+    exit 0
+fi
 if [ $relock = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
@@ -69,12 +99,17 @@ if [ $relock = 1 ]; then
     # Resolve afresh from pyproject.toml's ranges, then freeze the result.
     "${pip[@]}" install "${torch_args[@]}" "torch==$(grep -E '^torch==' constraints.txt | cut -d= -f3)"
     "${pip[@]}" install -e ".[test]"
+    cp constraints.txt constraints.txt.bak
     {
         echo "# Pinned environment for the book, the tests and the benchmarks (Python 3.11, Linux x86-64)."
         echo "# Used as a pip constraints file by book/tools/setup_env.sh; environment.yml mirrors it."
         echo "# Regenerate with: book/tools/setup_env.sh --relock (see README, 'Pins')."
-        "${pip[@]}" freeze --exclude-editable | sed -E 's/^(torch==[^+]*)\+cpu$/\1/'
+        "${pip[@]}" freeze --exclude-editable | sed -E 's/^(torch==[^+]*)\+cpu$/\1/' \
+            | grep -viE '^(ffht-unofficial|pybind11|setuptools)=='
+        # The optional [bench] block is kept as it was (it is not part of this resolve).
+        sed -n '/^# \[bench\] optional extra/,$p' constraints.txt.bak
     } > constraints.txt
+    rm -f constraints.txt.bak
     "$VENV/bin/python" book/tools/lock.py --write-environment
     want=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 else

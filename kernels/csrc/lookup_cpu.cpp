@@ -15,11 +15,17 @@
 // are written so that they vectorise (contiguous, no aliasing between src and dst).
 
 #include <torch/extension.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>  // madvise(MADV_HUGEPAGE) for the FWHT's large outputs
+#endif
 
 #define NNK_ARG(cond, ...) TORCH_CHECK(cond, "nnk_lookup_cpu: ", __VA_ARGS__)
 #ifdef NNK_DEBUG
@@ -56,13 +62,28 @@ inline int64_t check_tables(const torch::Tensor& tables) {
 
 // ---------------------------------------------------------------------------- FWHT
 // Unnormalised Sylvester ordering: H_1 = [1], H_{2n} = [[H_n, H_n], [H_n, -H_n]].
-// One row of length d (a power of two) is transformed from src into dst.
+// One row of length d (a power of two) is transformed from src into dst (src == dst is
+// allowed: every pass loads a group before it stores it).
 //
-// Stages h = 1, 2, 4 are done together in registers on groups of 8 (radix 8), the next
-// stages two at a time (radix 4: one read and one write of the data per two stages),
-// and the last odd stage, if any, alone (radix 2). Every stage whose span fits in a
-// block of kBlock elements is done block by block, so that the block stays in L1;
-// only the stages with h >= kBlock stream over the whole row.
+// Why it is shaped this way (chapter 5, "The fast Walsh-Hadamard transform"; FFHT, the
+// AVX kernel of FALCONN, is the anchor in benchmarks/bench_fwht.py): the transform does
+// d log2 d additions on d elements, so it is fast only if each element is loaded and
+// stored a few times, not log2 d times. The vector path below therefore does
+//   * the first log2(L) stages (spans 1 .. L/2, L = lanes of one SIMD vector) inside each
+//     register: one lane shuffle and one fused multiply-add by a +-1 vector per stage;
+//   * the next stages in registers across a group of 2^K vectors (K = 4 with AVX-512's 32
+//     registers, 3 otherwise): so one pass over the data does log2(L) + K stages
+//     (8 stages for float32 with AVX-512), and every later pass K more stages, loading
+//     2^K vectors at a stride of h vectors;
+//   * rows shorter than 16 KiB pass by pass over chunks of rows that fill 16 KiB (L1), so
+//     that a short row does not pay a loop set-up per pass; longer rows block by block
+//     of 16 KiB before the stages that span blocks; the scale of the normalised transform
+//     folded into the last pass; threads over rows only when each gets enough work;
+//   * outputs of 32 MiB and more on transparent huge pages (empty_output_like below).
+// Written with GCC's vector extensions (vector_size, __builtin_shuffle): the same source
+// becomes AVX-512, AVX2 or SSE code under -march=native. Other compilers, and rows shorter
+// than one vector, take the scalar path (fwht_row_portable), which uses the same stage
+// order and is checked by the same tests.
 
 template <typename T>
 inline void radix8_first(const T* __restrict src, T* __restrict dst, int64_t d) {
@@ -135,15 +156,25 @@ constexpr int64_t block_elems() {
   return 16384 / sizeof(T);  // 16 KiB: half of a 32 KiB L1 data cache
 }
 
+// Scalar path: radix 8 in registers, then radix-4 stages, L1-blocked.
 template <typename T>
-void fwht_row(const T* __restrict src, T* __restrict dst, int64_t d, T scale) {
+void fwht_row_portable(const T* src, T* dst, int64_t d, T scale) {
   if (d < 8) {
     for (int64_t i = 0; i < d; ++i) dst[i] = src[i];
     stages(dst, d, 1, d);
   } else {
     const int64_t block = std::min<int64_t>(d, block_elems<T>());
     for (int64_t b = 0; b < d; b += block) {
-      radix8_first(src + b, dst + b, block);
+      if (src == dst) {
+        // radix8_first reads 8 and writes the same 8, but is declared __restrict
+        T tmp[8];
+        for (int64_t i = b; i < b + block; i += 8) {
+          std::copy(src + i, src + i + 8, tmp);
+          radix8_first(tmp, dst + i, 8);
+        }
+      } else {
+        radix8_first(src + b, dst + b, block);
+      }
       stages(dst + b, block, 8, block);
     }
     stages(dst, d, block, d);
@@ -154,13 +185,284 @@ void fwht_row(const T* __restrict src, T* __restrict dst, int64_t d, T scale) {
   }
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+#define NNK_FWHT_VECTOR 1
+
+#if defined(__AVX512F__)
+constexpr int kFwhtVecBytes = 64;
+constexpr int kFwhtMaxK = 4;  // 16 vectors in flight (+ temporaries) of 32 registers
+#elif defined(__AVX__)
+constexpr int kFwhtVecBytes = 32;
+constexpr int kFwhtMaxK = 3;  // 8 of 16 registers
+#else
+constexpr int kFwhtVecBytes = 16;
+constexpr int kFwhtMaxK = 3;
+#endif
+
+template <typename T>
+struct FwhtVec {
+  static constexpr int lanes = kFwhtVecBytes / int(sizeof(T));
+  typedef T V __attribute__((vector_size(kFwhtVecBytes)));
+  typedef typename std::conditional<sizeof(T) == 4, int32_t, int64_t>::type I;
+  typedef I M __attribute__((vector_size(kFwhtVecBytes)));
+};
+
+template <typename T>
+inline typename FwhtVec<T>::V fwht_load(const T* p) {
+  typename FwhtVec<T>::V v;
+  std::memcpy(&v, p, sizeof v);  // an unaligned vector load
+  return v;
+}
+
+template <typename T>
+inline void fwht_store(T* p, typename FwhtVec<T>::V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// One stage of span H (< lanes) inside a register: lane i becomes v[i ^ H] + s_i v[i]
+// with s_i = -1 where bit H of i is set: (a, b) -> (a + b, a - b), exactly as a
+// separate add and subtract (the product by +-1 is exact, so the FMA rounds once).
+template <typename T, int H, int... Lane>
+inline typename FwhtVec<T>::V lane_stage(typename FwhtVec<T>::V v,
+                                         std::integer_sequence<int, Lane...>) {
+  using V = typename FwhtVec<T>::V;
+  using M = typename FwhtVec<T>::M;
+  using I = typename FwhtVec<T>::I;
+  const M partner = {I(Lane ^ H)...};
+  const V sign = {((Lane & H) ? T(-1) : T(1))...};
+  return __builtin_shuffle(v, partner) + sign * v;
+}
+
+template <typename T, int H = 1>
+inline typename FwhtVec<T>::V lane_stages(typename FwhtVec<T>::V v) {
+  if constexpr (H < FwhtVec<T>::lanes) {
+    v = lane_stage<T, H>(v, std::make_integer_sequence<int, FwhtVec<T>::lanes>{});
+    return lane_stages<T, 2 * H>(v);
+  } else {
+    return v;
+  }
+}
+
+// The stages of spans 1, 2, .., 2^(K-1) across the 2^K registers r.
+template <typename T, int K>
+inline void register_stages(typename FwhtVec<T>::V* r) {
+  constexpr int G = 1 << K;
+#pragma GCC unroll 4
+  for (int h = 1; h < G; h *= 2) {
+#pragma GCC unroll 16
+    for (int i = 0; i < G; ++i) {
+      if (i & h) continue;
+      const auto a = r[i], b = r[i + h];
+      r[i] = a + b;
+      r[i + h] = a - b;
+    }
+  }
+}
+
+// First pass over nvec vectors: the lane stages and the register stages across groups of
+// 2^K consecutive vectors, from src to dst, times scale when `last`.
+template <typename T, int K>
+void first_pass(const T* src, T* dst, int64_t nvec, T scale, bool last) {
+  using V = typename FwhtVec<T>::V;
+  constexpr int L = FwhtVec<T>::lanes, G = 1 << K;
+  for (int64_t g = 0; g < nvec; g += G) {
+    V r[G];
+#pragma GCC unroll 16
+    for (int i = 0; i < G; ++i) r[i] = lane_stages<T>(fwht_load(src + (g + i) * L));
+    register_stages<T, K>(r);
+    if (last) {
+#pragma GCC unroll 16
+      for (int i = 0; i < G; ++i) r[i] *= scale;
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < G; ++i) fwht_store(dst + (g + i) * L, r[i]);
+  }
+}
+
+// A later pass, in place on nvec vectors: stages of spans h, 2h, .., 2^(K-1) h (in
+// vectors), on groups of 2^K vectors h apart; times scale when `last`.
+template <typename T, int K>
+void stride_pass(T* x, int64_t nvec, int64_t h, T scale, bool last) {
+  using V = typename FwhtVec<T>::V;
+  constexpr int L = FwhtVec<T>::lanes, G = 1 << K;
+  for (int64_t base = 0; base < nvec; base += G * h) {
+    for (int64_t j = 0; j < h; ++j) {
+      T* p = x + (base + j) * L;
+      V r[G];
+#pragma GCC unroll 16
+      for (int i = 0; i < G; ++i) r[i] = fwht_load(p + i * h * L);
+      register_stages<T, K>(r);
+      if (last) {
+#pragma GCC unroll 16
+        for (int i = 0; i < G; ++i) r[i] *= scale;
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < G; ++i) fwht_store(p + i * h * L, r[i]);
+    }
+  }
+}
+
+inline int ilog2(int64_t n) { return 63 - __builtin_clzll(uint64_t(n)); }
+
+template <typename T>
+void first_pass_k(int k, const T* src, T* dst, int64_t nvec, T scale, bool last) {
+  switch (k) {
+    case 0: first_pass<T, 0>(src, dst, nvec, scale, last); break;
+    case 1: first_pass<T, 1>(src, dst, nvec, scale, last); break;
+    case 2: first_pass<T, 2>(src, dst, nvec, scale, last); break;
+    case 3: first_pass<T, 3>(src, dst, nvec, scale, last); break;
+    default:
+      if constexpr (kFwhtMaxK >= 4) first_pass<T, 4>(src, dst, nvec, scale, last);
+      break;
+  }
+}
+
+template <typename T>
+void stride_pass_k(int k, T* x, int64_t nvec, int64_t h, T scale, bool last) {
+  switch (k) {
+    case 1: stride_pass<T, 1>(x, nvec, h, scale, last); break;
+    case 2: stride_pass<T, 2>(x, nvec, h, scale, last); break;
+    case 3: stride_pass<T, 3>(x, nvec, h, scale, last); break;
+    default:
+      if constexpr (kFwhtMaxK >= 4) stride_pass<T, 4>(x, nvec, h, scale, last);
+      break;
+  }
+}
+
+// Stages of spans h0 .. row/2 (in vectors) on x[0 : total vectors), rows of `row` vectors
+// one after the other, in passes of at most kFwhtMaxK stages, the remainder spread so
+// that no pass is much shorter than the others.
+template <typename T>
+void stride_passes(T* x, int64_t total, int64_t row, int64_t h0, T scale, bool last) {
+  int left = ilog2(row) - ilog2(h0);
+  int64_t h = h0;
+  while (left > 0) {
+    const int passes = (left + kFwhtMaxK - 1) / kFwhtMaxK;
+    const int k = (left + passes - 1) / passes;
+    stride_pass_k<T>(k, x, total, h, scale, last && k == left);
+    h <<= k;
+    left -= k;
+  }
+}
+
+// All stages of total / row consecutive rows of `row` vectors each, pass by pass over all
+// of them (so that short rows share one loop instead of paying its set-up per row).
+template <typename T>
+void fwht_rows_in_cache(const T* src, T* dst, int64_t total, int64_t row, T scale) {
+  const int k0 = std::min(kFwhtMaxK, ilog2(row));
+  const bool done = (int64_t(1) << k0) == row;
+  first_pass_k<T>(k0, src, dst, total, scale, done);
+  if (!done) stride_passes<T>(dst, total, row, int64_t(1) << k0, scale, true);
+}
+
+template <typename T>
+void fwht_row_vector(const T* src, T* dst, int64_t d, T scale) {
+  constexpr int L = FwhtVec<T>::lanes;
+  const int64_t nvec = d / L;
+  const int64_t block = block_elems<T>() / L;  // in vectors
+  if (nvec <= block) {
+    fwht_rows_in_cache<T>(src, dst, nvec, nvec, scale);
+    return;
+  }
+  // A row larger than the L1 block: its first stages block by block, then the stages
+  // that span blocks over the whole row.
+  const int k0 = std::min(kFwhtMaxK, ilog2(block));
+  for (int64_t b = 0; b < nvec; b += block) {
+    first_pass_k<T>(k0, src + b * L, dst + b * L, block, scale, false);
+    stride_passes<T>(dst + b * L, block, block, int64_t(1) << k0, scale, false);
+  }
+  stride_passes<T>(dst, nvec, nvec, block, scale, true);
+}
+
+// rows consecutive rows of d (>= lanes) elements.
+template <typename T>
+void fwht_rows_vector(const T* src, T* dst, int64_t rows, int64_t d, T scale) {
+  constexpr int L = FwhtVec<T>::lanes;
+  const int64_t nvec = d / L;
+  if (d > block_elems<T>()) {
+    for (int64_t r = 0; r < rows; ++r) fwht_row_vector<T>(src + r * d, dst + r * d, d, scale);
+    return;
+  }
+  const int64_t chunk = block_elems<T>() / d;  // rows per L1 block
+  for (int64_t r = 0; r < rows; r += chunk) {
+    const int64_t n = std::min(chunk, rows - r);
+    fwht_rows_in_cache<T>(src + r * d, dst + r * d, n * nvec, nvec, scale);
+  }
+}
+#endif  // vector path
+
+template <typename T>
+inline void fwht_row(const T* src, T* dst, int64_t d, T scale) {
+#ifdef NNK_FWHT_VECTOR
+  if (d >= FwhtVec<T>::lanes) {
+    fwht_row_vector<T>(src, dst, d, scale);
+    return;
+  }
+#endif
+  fwht_row_portable<T>(src, dst, d, scale);
+}
+
 template <typename T>
 void fwht_rows(const T* src, T* dst, int64_t rows, int64_t d, T scale) {
-  // Aim for >= ~64 KiB of work per task so that small batches stay on one thread.
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / d);
+  // A task of >= 2^17 elements (512 KiB of float32, about 50 microseconds on one core):
+  // below that, waking a second thread costs more than it saves, and on a loaded machine
+  // a barrier that waits for a descheduled thread costs a whole time slice.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 17) / d);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+#ifdef NNK_FWHT_VECTOR
+    if (d >= FwhtVec<T>::lanes) {
+      fwht_rows_vector<T>(src + begin * d, dst + begin * d, end - begin, d, scale);
+      return;
+    }
+#endif
     for (int64_t r = begin; r < end; ++r) fwht_row(src + r * d, dst + r * d, d, scale);
   });
+}
+
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+// CPU allocator for large outputs: 2 MiB-aligned buffers advised to use transparent huge
+// pages. The FWHT streams its output once, so for a fresh buffer of tens of MiB the
+// first-touch page faults of 4 KiB pages cost more than the transform: measured on the
+// reference VM, torch.empty + fill of 64 MiB took 62 ms against 12 ms for numpy, which
+// advises huge pages for its large arrays (and so do FFHT's outputs).
+struct HugePageAllocator final : c10::Allocator {
+  static constexpr size_t kAlign = size_t(1) << 21;
+  static void release(void* p) { std::free(p); }
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* p = nullptr;
+    if (nbytes > 0) {
+      const size_t rounded = (nbytes + kAlign - 1) / kAlign * kAlign;
+      p = std::aligned_alloc(kAlign, rounded);
+      TORCH_CHECK(p != nullptr, "nnk_lookup_cpu: out of memory allocating ", nbytes, " bytes");
+      madvise(p, rounded, MADV_HUGEPAGE);  // advice only: ignored where THP is off
+    }
+    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+#endif
+
+// An uninitialised tensor shaped like x (contiguous); huge-page backed from 32 MiB on.
+inline torch::Tensor empty_output_like(const torch::Tensor& x) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const size_t nbytes = size_t(x.numel()) * x.element_size();
+  // From 32 MiB, glibc's largest mmap threshold: every such allocation is a fresh mapping
+  // (its pages faulted in on first touch), while smaller ones are reused from the heap
+  // after the first call, which huge pages would only slow (measured: 8-16 MiB outputs
+  // ran 1.7x slower through this allocator, 64 MiB ones 3x faster).
+  if (nbytes >= (size_t(32) << 20)) {
+    static HugePageAllocator allocator;
+    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, &allocator,
+                         /*resizable=*/true);
+    return torch::empty({0}, x.options()).set_(std::move(storage), 0, x.sizes(), x.strides());
+  }
+#endif
+  // at::detail::empty_cpu skips the dispatcher: about half a microsecond less per call,
+  // which is a third of a short row's whole call (batch 1 in benchmarks/bench_fwht.py).
+  return at::Tensor(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
 }
 
 torch::Tensor fwht_cpu(const torch::Tensor& x, bool normalized) {
@@ -168,7 +470,7 @@ torch::Tensor fwht_cpu(const torch::Tensor& x, bool normalized) {
   check_float_cpu(x, "x", 2);
   const int64_t rows = x.size(0), d = x.size(1);
   NNK_ARG(power_of_two(d), "x must have a power-of-two number of columns, got ", d);
-  auto out = torch::empty_like(x);
+  auto out = empty_output_like(x);
   if (rows == 0) return out;
   if (x.scalar_type() == torch::kFloat) {
     const float scale = normalized ? float(1.0 / std::sqrt(double(d))) : 1.0f;
@@ -178,6 +480,22 @@ torch::Tensor fwht_cpu(const torch::Tensor& x, bool normalized) {
     fwht_rows<double>(x.data_ptr<double>(), out.data_ptr<double>(), rows, d, scale);
   }
   return out;
+}
+
+// fwht_cpu for the common call, with its checks here instead of in Python: a plain
+// torch.Tensor (no autograd) that is a contiguous (rows, d) float32/float64 CPU array with
+// d a power of two. Anything else returns None, and kernels.hadamard.fwht then runs its
+// full checks (which raise the errors naming the argument) and the general path. Saves a
+// microsecond of Python per call, which at batch 1 is as much as the transform itself.
+pybind11::object fwht_plain(const pybind11::handle& obj, bool normalized) {
+  if (!THPVariable_CheckExact(obj.ptr())) return pybind11::none();
+  const at::Tensor& x = THPVariable_Unpack(obj.ptr());
+  const auto dtype = x.scalar_type();
+  if (!x.defined() || x.layout() != c10::kStrided || !x.device().is_cpu() || x.dim() != 2 ||
+      x.requires_grad() || (dtype != torch::kFloat && dtype != torch::kDouble) ||
+      !power_of_two(x.size(1)) || !x.is_contiguous())
+    return pybind11::none();
+  return pybind11::reinterpret_steal<pybind11::object>(THPVariable_Wrap(fwht_cpu(x, normalized)));
 }
 
 // ---------------------------------------------------------------- fused LookupFFN
@@ -634,6 +952,8 @@ void gather_cpu(const torch::Tensor& codes, const torch::Tensor& weights,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "CPU kernels of chapter 5: FWHT and the fused LookupFFN inference kernel";
   m.def("fwht", &fwht_cpu, "Walsh-Hadamard transform of the rows of a (rows, d) tensor",
+        pybind11::arg("x"), pybind11::arg("normalized"));
+  m.def("fwht_plain", &fwht_plain, "fwht for a plain contiguous 2-D float CPU tensor, else None",
         pybind11::arg("x"), pybind11::arg("normalized"));
   m.def("lookup_forward", &lookup_forward_cpu,
         "Fused LookupFFN inference: codes, weights and gather-accumulate",
