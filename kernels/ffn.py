@@ -696,89 +696,64 @@ def replace_fusion_tuned(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = No
     return module
 
 
-def _activation_name(activation: nn.Module) -> str:
-    try:
-        from transformers.activations import GELUActivation
-    except ImportError:  # pragma: no cover - transformers is a dependency of the book
-        GELUActivation = ()
-    if isinstance(activation, nn.GELU) and activation.approximate == "none" or isinstance(activation, GELUActivation):
-        return "gelu"
-    if isinstance(activation, nn.ReLU):
-        return "relu"
-    if isinstance(activation, nn.Tanh):
-        return "tanh"
-    raise ValueError(
-        f"ffn.activation must be GELU, ReLU or Tanh for the SNNK methods (an activation with a "
-        f"random-feature spectrum), got {type(activation).__name__}"
-    )
+def _snnk_layer(ffn: FFN, budget: int, gen: torch.Generator, method: str):
+    """The ReLU-SNNK layer of ``linear1`` with the most features ``M`` whose bundle
+    (``d x M`` weight + ``d`` bias) fits the budget."""
+    from kernels.snnk import SNNKLinear
 
-
-def _snnk_layer(ffn: FFN, budget: int, x: Optional[Tensor], gen: torch.Generator, method: str):
-    """The SNNK layer of ``linear1`` with the most features whose bundle
-    (``d x M`` weight + ``d`` bias) fits the budget, and its number of draws ``m``."""
-    from kernels.features import spectrum_from_name
-    from kernels.snnk import SNNKLinear, balanced_input_scale
-
-    name = _activation_name(ffn.activation)
-    # ReLU-SNNK layers estimate the arc-cosine kernel, not relu(Wx + b): use the URF
-    # estimate of ReLU's (windowed) spectrum instead, like GELU's and tanh's.
-    activation = spectrum_from_name(name)
     d = ffn.d_model
-    bias = d if ffn.linear2.bias is not None else d  # a bundle always has its bias
-    max_features = (budget - bias) // d
-    probe = SNNKLinear(d, 1, 1, activation, generator=torch.Generator().manual_seed(0))
-    per_draw = probe.feature_map.out_features
-    m = max_features // per_draw
+    m = (budget - d) // d
     if m < 1:
-        raise _too_small(method, budget, per_draw * d + bias)
-    scale = 1.0 if x is None else balanced_input_scale(x, ffn.linear1.weight.detach(), activation)
-    layer = SNNKLinear.from_linear(ffn.linear1, activation, int(m), input_scale=scale, generator=gen)
-    return layer, int(m), scale
+        raise _too_small(method, budget, 2 * d)
+    return SNNKLinear.from_linear(ffn.linear1, "relu", int(m), generator=gen), int(m)
 
 
 def replace_bundled_snnk(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None,
                          outputs: Optional[Tensor] = None, generator: Optional[torch.Generator] = None) -> nn.Module:
-    """Bundled SNNK (Sehanobish et al. 2024, Sec. 3.3, eq. 14; chapter 3): the SNNK layer
-    of ``linear1`` and its activation (:math:`\\omega = \\Psi(W_1, b_1)`, universal random
-    features of the activation's spectrum; for ReLU the windowed ReLU spectrum, since the
-    ReLU-SNNK layer estimates the arc-cosine kernel instead) bundled with ``linear2``:
-    :math:`y = \\widehat W\\,\\Phi(x/s) + b_2`, :math:`\\widehat W = W_2\\Psi(sW_1, b_1)`
-    (:func:`kernels.snnk.bundle`). Data-free; ``inputs``, when given, only set the input
-    scale ``s`` (:func:`kernels.snnk.balanced_input_scale`). Parameters :math:`dM + d`
-    (the projections are regenerated from a seed); ``M`` features from ``m`` draws, the
-    largest that fits. Setting ``{"num_features": m, "features": M}``."""
+    """Bundled SNNK (Sehanobish et al. 2024, Sec. 3.3 and App. J.4; chapter 3), data-free:
+    the ReLU-SNNK layer of ``linear1`` (:math:`\\omega = \\Psi(W_1, b_1)`, ``M`` arc-cosine
+    random features, Sec. 3.2) bundled with ``linear2`` (:func:`kernels.snnk.bundle`):
+    :math:`y = \\widehat W\\,\\Phi(x) + b_2` with :math:`\\widehat W = W_2\\,\\Psi(W_1, b_1)`.
+    The ReLU-SNNK layer is the paper's replacement of ``Linear + activation``; it estimates
+    :math:`\\tfrac12 K_1`, not the FFN's own activation, which is why the paper uptrains
+    (chapter 3 measures how far the data-free block is). The URF estimate of GELU is not
+    used: its input tower :math:`e^{\\alpha^2\\|x\\|^2/2}` overflows on transformer hidden
+    states. ``inputs`` are not used. Parameters :math:`dM + d` (the projections are
+    regenerated from a seed), ``M`` the largest that fits; multiply-adds
+    :math:`M(d+1) + dM`. Setting ``{"features": M}``."""
     ffn = _check_ffn(ffn)
     budget = _check_budget(ffn, budget)
     from kernels.snnk import bundle
 
-    x, _ = _data(ffn, inputs, outputs, "bundled_snnk", required=False)
-    layer, m, scale = _snnk_layer(ffn, budget, x, _generator(generator), "bundled_snnk")
-    net = bundle([layer, ffn.linear2])
-    setting = {"num_features": m, "features": int(net.weight.shape[1]), "input_scale": float(scale)}
-    return _finish(net, ffn, setting, budget)
+    _data(ffn, inputs, outputs, "bundled_snnk", required=False)
+    layer, m = _snnk_layer(ffn, budget, _generator(generator), "bundled_snnk")
+    return _finish(bundle([layer, ffn.linear2]), ffn, {"features": m}, budget)
 
 
 def replace_snnk(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outputs: Optional[Tensor] = None,
                  generator: Optional[torch.Generator] = None, ridge: float = 1e-3) -> nn.Module:
-    """SNNK layer with a closed-form readout (Sehanobish et al. 2024, Sec. 3.3 and App. J.3;
-    chapter 3): the features :math:`\\Phi(x/s)` of :func:`replace_bundled_snnk` and a
-    linear readout ``d x M`` + bias fitted by ridge least squares
-    (:func:`kernels.snnk.least_squares`, ``ridge`` times the mean squared feature norm)
-    on ``(inputs, outputs)`` instead of computed from the weights. Needs ``inputs``. Same
-    parameters and multiply-adds as the bundle. Setting as :func:`replace_bundled_snnk`."""
+    """SNNK block fitted in closed form (Sehanobish et al. 2024, Sec. 3.3, App. J.3; the
+    chapter-3 distillation): the ReLU-SNNK features :math:`\\Phi(x)` of
+    :func:`replace_bundled_snnk` and :math:`\\widehat W` (``d x M``) and the bias fitted
+    by ridge least squares (:func:`kernels.snnk.least_squares`, float64) of the FFN's
+    outputs on the features of its inputs, with :math:`\\lambda` = ``ridge`` times the
+    mean feature energy :math:`\\|\\Phi\\|_F^2 / M`, as in chapter 3. Needs ``inputs``;
+    no backpropagation. Same parameters and multiply-adds as the bundle. Setting
+    ``{"features": M}``."""
     ffn = _check_ffn(ffn)
     budget = _check_budget(ffn, budget)
-    from kernels.snnk import bundle
+    from kernels.snnk import bundle, least_squares
 
     x, y = _data(ffn, inputs, outputs, "snnk", required=True)
-    layer, m, scale = _snnk_layer(ffn, budget, x, _generator(generator), "snnk")
+    layer, m = _snnk_layer(ffn, budget, _generator(generator), "snnk")
     net = bundle([layer, ffn.linear2])
     with torch.no_grad():
-        feats = net.features(x)
-        lam = float(ridge) * float(feats.pow(2).sum(1).mean())
-    net.fit(x, y, ridge=lam)
-    setting = {"num_features": m, "features": int(net.weight.shape[1]), "input_scale": float(scale)}
-    return _finish(net, ffn, setting, budget)
+        feats = net.features(x).double()
+        lam = float(ridge) * float(feats.pow(2).sum()) / feats.shape[1]
+        w, c = least_squares(feats, y.double(), ridge=lam)
+        net.weight.copy_(w.to(net.weight.dtype))
+        net.bias.copy_(c.to(net.bias.dtype))
+    return _finish(net, ffn, {"features": m}, budget)
 
 
 def _lookup_params(d: int, h: int, tau: int) -> int:
