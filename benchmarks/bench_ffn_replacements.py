@@ -146,6 +146,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="3 rounds, MiniLM shape and budget 1/4 only, 1 thread; still writes the results files")
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory measurements")
+    parser.add_argument("--random-minilm", action="store_true",
+                        help="without the MiniLM package, time a random-weight BertModel of its configuration")
     parser.add_argument("--memory-worker", metavar="PATH", help=argparse.SUPPRESS)
     args = parser.parse_args()
     _setup_paths()
@@ -236,7 +238,18 @@ def main() -> None:
         try:
             _, minilm = load_minilm()
         except ModelUnavailableError as err:
-            notes_extra.append(f"minilm_forward: not installed ({err}); rows skipped.")
+            if args.random_minilm:
+                import transformers
+
+                torch.manual_seed(0)
+                cfg = transformers.BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6,
+                                              num_attention_heads=12, intermediate_size=1536)
+                minilm = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+                notes_extra.append("minilm_forward: the model package is not installed here; a BertModel with "
+                                   "all-MiniLM-L6-v2's configuration and random weights was timed instead "
+                                   "(--random-minilm; latency does not depend on the weights).")
+            else:
+                notes_extra.append(f"minilm_forward: not installed ({err}); rows skipped.")
             print(notes_extra[-1])
     except ImportError as err:
         notes_extra.append(f"minilm_forward: not installed ({err}); rows skipped.")
