@@ -7,6 +7,7 @@ Each module implements the methods one chapter derives (see ``chapters/``):
 * :mod:`kernels.toeplitz` -- Toeplitz neural operators: TNO, SKI-TNO, FD-TNO (chapter 4).
 * :mod:`kernels.hadamard`, :mod:`kernels.lookup` -- fast Walsh-Hadamard transform, BH4 projections, LookupFFN with a compiled CPU kernel (chapter 5).
 * :mod:`kernels.fusion` -- MLP fusion: clustering sub-MLPs, compressed FFNs, NTK errors (chapter 6).
+* :mod:`kernels.ffn` -- FFN surgery (find, capture, replace, count) and every FFN replacement behind one signature (chapter 7; used by chapters 3, 5, 6).
 
 Shared plumbing lives in :mod:`kernels.device` (device selection and device checks) and
 :mod:`kernels._checks` (argument validation).

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels._checks import check_choice, check_positive_int, check_tensor
+from kernels.ffn import _bert_layers, find_ffn_sites
 
 __all__ = [
     "METHODS",
@@ -801,18 +802,15 @@ class FFNBlock:
         return self.linear2(self.activation(self.linear1(x)))
 
 
-def _is_linear(m: nn.Module) -> bool:
-    return isinstance(m, (nn.Linear, CompressedLinear, LowRankLinear))
-
-
 def find_ffn_blocks(model: nn.Module) -> list[FFNBlock]:
-    """The FFN blocks of ``model``, bottom to top.
+    """The FFN blocks of ``model``, bottom to top (found by :func:`kernels.ffn.find_ffn_sites`).
 
     Supported structures: an ``nn.Sequential(Linear(p, p_I), activation, Linear(p_I, p))``
     (one block), and a BERT-style transformer (``transformers`` ``BertModel`` and
     relatives) whose ``encoder.layer[i]`` has ``intermediate.dense`` (``p -> p_I``),
-    ``intermediate.intermediate_act_fn`` and ``output.dense`` (``p_I -> p``); a model
-    wrapping one under ``.bert`` or ``.model`` also works.
+    ``intermediate.intermediate_act_fn`` and ``output.dense`` (``p_I -> p``) in every
+    layer; a model wrapping one under ``.bert`` or ``.model`` also works. Block ``i`` is
+    layer ``i``; its linear layers may be the compressed ones of this module.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
@@ -820,39 +818,40 @@ def find_ffn_blocks(model: nn.Module) -> list[FFNBlock]:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(model, nn.Sequential):
-        mods = list(model)
-        if len(mods) == 3 and _is_linear(mods[0]) and _is_linear(mods[2]) and not _is_linear(mods[1]):
-            return [FFNBlock(model, "0", model, "2", mods[1])]
+    if isinstance(model, nn.Sequential) and len(model) != 3:
         raise ValueError(
             "model is an nn.Sequential but not Sequential(Linear(p, p_I), activation, "
-            f"Linear(p_I, p)); got {[type(m).__name__ for m in mods]}"
+            f"Linear(p_I, p)); got {[type(m).__name__ for m in model]}"
         )
-    base = model
-    for attr in ("bert", "model"):
-        if not hasattr(base, "encoder") and hasattr(base, attr):
-            base = getattr(base, attr)
-    layers = getattr(getattr(base, "encoder", None), "layer", None)
+    try:
+        sites = find_ffn_sites(model)
+    except ValueError as err:
+        if isinstance(model, nn.Sequential):
+            raise ValueError(
+                "model is an nn.Sequential but not Sequential(Linear(p, p_I), activation, "
+                f"Linear(p_I, p)); got {[type(m).__name__ for m in model]}"
+            ) from err
+        raise
+    if not isinstance(model, nn.Sequential):
+        layers = _bert_layers(model)[1]
+        if [s.index for s in sites] != list(range(len(layers))):
+            raise ValueError(
+                f"model ({type(model).__name__}) has no FFN of the expected structure in every layer: "
+                "expected encoder.layer[i].intermediate.dense, .intermediate.intermediate_act_fn and "
+                "encoder.layer[i].output.dense (an FFN replaced by kernels.ffn.replace_ffn is not a block)"
+            )
     blocks = []
-    if isinstance(layers, (nn.ModuleList, nn.Sequential)):
-        for layer in layers:
-            inter, out = getattr(layer, "intermediate", None), getattr(layer, "output", None)
-            if inter is None or out is None or not hasattr(inter, "dense") or not hasattr(out, "dense"):
-                blocks = []
-                break
-            act = getattr(inter, "intermediate_act_fn", None)
-            if act is None or not _is_linear(inter.dense) or not _is_linear(out.dense):
-                blocks = []
-                break
-            blocks.append(FFNBlock(inter, "dense", out, "dense", act))
-    if not blocks:
-        raise ValueError(
-            f"model ({type(model).__name__}) has no FFN of the expected structure: expected "
-            "an nn.Sequential(Linear, activation, Linear) or a BERT-style transformer with "
-            "encoder.layer[i].intermediate.dense, .intermediate.intermediate_act_fn and "
-            "encoder.layer[i].output.dense"
+    for s in sites:
+        (owner1, name1), (owner2, name2) = (
+            _owner(model, path) for path in (s.parts[0], s.parts[2])
         )
+        blocks.append(FFNBlock(owner1, name1, owner2, name2, s.ffn.activation))
     return blocks
+
+
+def _owner(model: nn.Module, path: str) -> tuple[nn.Module, str]:
+    parent, _, name = path.rpartition(".")
+    return (model.get_submodule(parent) if parent else model), name
 
 
 def compress_sequential(

@@ -1,0 +1,922 @@
+"""FFN surgery and FFN replacements: one place to find, capture, replace and count the
+feed-forward blocks of a model, and every replacement method of the book behind one
+signature.
+
+Package side of chapter 7 (``chapters/07_ffn_replacements.ipynb``); chapters 3, 5 and 6
+use the same surgery (:func:`kernels.snnk.with_bundled_ffn`,
+:func:`kernels.fusion.find_ffn_blocks` and :func:`kernels.fusion.compress_model` find
+their blocks here).
+
+The FFN of a transformer block is :math:`y = W_2\\,\\sigma(W_1 x + b_1) + b_2`
+(``d -> hidden -> d``), eq. 1 of Wei et al. (2023) and eq. 3 of Zeng et al. (2023). Here
+it is an :class:`FFN` (two ``nn.Linear`` and the activation module between them), and an
+:class:`FFNSite` says where one sits in a model:
+
+* Hugging Face BERT-style encoders (``BertModel``, the all-MiniLM-L6-v2 of chapter 6, a
+  model wrapping one under ``.bert`` or ``.model``): the unit is
+  ``encoder.layer[i].intermediate.dense -> intermediate_act_fn -> output.dense``. The
+  site's ``path`` is ``encoder.layer.<i>.intermediate``; :func:`replace_ffn` puts the
+  replacement there and an ``nn.Identity`` in ``output.dense``, so the dropout, the
+  residual connection and the LayerNorm of ``BertOutput`` stay where they are.
+* ``nn.Sequential`` MLPs: every ``Linear(d, h), activation, Linear(h, d)`` run of three
+  consecutive children (scanned left to right, runs do not overlap). The replacement
+  goes where the first ``Linear`` was, the other two become ``nn.Identity``, so the
+  children keep their indices.
+
+Replacement methods (:data:`REPLACEMENTS`) all have the signature
+``method(ffn, budget, *, inputs=None, outputs=None, generator=None, **options)`` and return
+a module ``(..., d) -> (..., d)`` with at most ``budget`` parameters
+(:func:`parameter_count`) and a ``setting`` dict naming the largest setting that fits.
+:func:`budget_for_hidden` turns a hidden width into a budget, so budgets can be stated as
+fractions of the original width. :func:`multiply_adds` gives the multiply-adds per token
+of every module they return (the formula of each method is in its docstring).
+
+Randomness comes from an explicit ``generator`` (a CPU ``torch.Generator``; ``None``
+means a fresh one seeded with 0), the package convention.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kernels._checks import check_positive_int, check_tensor
+
+__all__ = [
+    "FFN",
+    "FFNSite",
+    "FFNModule",
+    "find_ffn_sites",
+    "capture_ffn_io",
+    "replace_ffn",
+    "replace_ffns",
+    "parameter_count",
+    "multiply_adds",
+    "budget_for_hidden",
+    "REPLACEMENTS",
+    "replace_original",
+    "replace_svd",
+    "replace_prune",
+    "replace_random",
+    "replace_fusion",
+    "replace_fusion_tuned",
+    "replace_snnk",
+    "replace_bundled_snnk",
+    "replace_lookup",
+    "replace_block_diagonal",
+    "replace_moe_top1",
+    "distill",
+    "bert_snnk_counts",
+]
+
+
+# --------------------------------------------------------------------------------------
+# FFN, FFNSite, finding
+# --------------------------------------------------------------------------------------
+
+
+def _linear_types() -> tuple[type, ...]:
+    # Imported here: kernels.fusion imports this module at its top.
+    from kernels.fusion import CompressedLinear, LowRankLinear
+
+    return (nn.Linear, CompressedLinear, LowRankLinear)
+
+
+def _is_linear(module: object) -> bool:
+    return isinstance(module, _linear_types())
+
+
+class _FunctionModule(nn.Module):
+    """An activation given as a plain function (older ``transformers``), as a module."""
+
+    def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+
+@dataclass(frozen=True, eq=False)
+class FFN:
+    """A feed-forward block ``linear2(activation(linear1(x)))``, ``d -> hidden -> d``.
+
+    Holds the model's own modules (no copies): changing them changes the model.
+    ``linear1`` maps ``d_model -> hidden``, ``linear2`` ``hidden -> d_model``. The
+    linear layers may also be the compressed layers of :mod:`kernels.fusion`
+    (what :func:`find_ffn_sites` finds in a compressed model); the replacement methods
+    need plain ``nn.Linear``.
+    """
+
+    linear1: nn.Module
+    activation: nn.Module
+    linear2: nn.Module
+
+    def __post_init__(self) -> None:
+        for name in ("linear1", "linear2"):
+            if not _is_linear(getattr(self, name)):
+                raise TypeError(f"{name} must be a torch.nn.Linear, got {type(getattr(self, name)).__name__}")
+        if not isinstance(self.activation, nn.Module):
+            if not callable(self.activation):
+                raise TypeError(f"activation must be an nn.Module, got {type(self.activation).__name__}")
+            object.__setattr__(self, "activation", _FunctionModule(self.activation))
+        l1, l2 = self.linear1, self.linear2
+        if l2.in_features != l1.out_features or l2.out_features != l1.in_features:
+            raise ValueError(
+                "an FFN maps d -> hidden -> d, but linear1 is "
+                f"{l1.in_features} -> {l1.out_features} and linear2 {l2.in_features} -> {l2.out_features}"
+            )
+
+    @property
+    def d_model(self) -> int:
+        return int(self.linear1.in_features)
+
+    @property
+    def hidden(self) -> int:
+        return int(self.linear1.out_features)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``linear2(activation(linear1(x)))``: ``(..., d) -> (..., d)``."""
+        return self.linear2(self.activation(self.linear1(x)))
+
+    __call__ = forward
+
+    def as_module(self) -> "FFNModule":
+        """An ``nn.Module`` with this forward, sharing the layers (no copy)."""
+        return FFNModule(self.linear1, self.activation, self.linear2, setting={"hidden": self.hidden})
+
+
+class FFNModule(nn.Module):
+    """``linear2(activation(linear1(x)))`` as one module: the output of the dense-like
+    replacement methods (original, SVD, pruning, random subset, fusion). ``setting`` is
+    the method's setting (e.g. ``{"k": 96}``). Shapes ``(..., d) -> (..., d)``."""
+
+    def __init__(self, linear1: nn.Module, activation: nn.Module, linear2: nn.Module, *,
+                 setting: Optional[dict[str, Any]] = None) -> None:
+        super().__init__()
+        self.linear1 = linear1
+        self.activation = activation
+        self.linear2 = linear2
+        self.setting = dict(setting or {})
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.activation(self.linear1(x)))
+
+
+@dataclass
+class FFNSite:
+    """Where one FFN sits in a model.
+
+    ``index``: the block number (the encoder layer; for an ``nn.Sequential``, the
+    position of the run among the runs found). ``path``: dotted name (``named_modules``)
+    of the module a replacement takes the place of. ``ffn``: the model's FFN.
+    ``kind``: ``"bert"`` or ``"sequential"``. ``parts``: dotted names of ``linear1``, the
+    activation and ``linear2``; the parts outside ``path`` become ``nn.Identity`` on
+    replacement.
+    """
+
+    index: int
+    path: str
+    ffn: FFN
+    kind: str = "bert"
+    parts: tuple[str, str, str] = field(default=("", "", ""))
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _bert_layers(model: nn.Module) -> tuple[Optional[str], Optional[nn.Module]]:
+    base, prefix = model, ""
+    for attr in ("bert", "model"):
+        if not hasattr(base, "encoder") and isinstance(getattr(base, attr, None), nn.Module):
+            base, prefix = getattr(base, attr), _join(prefix, attr)
+    layers = getattr(getattr(base, "encoder", None), "layer", None)
+    if isinstance(layers, (nn.ModuleList, nn.Sequential)):
+        return _join(prefix, "encoder.layer"), layers
+    return None, None
+
+
+def _bert_site(prefix: str, i: int, layer: nn.Module) -> Optional[FFNSite]:
+    inter, out = getattr(layer, "intermediate", None), getattr(layer, "output", None)
+    if inter is None or out is None:
+        return None
+    l1, l2 = getattr(inter, "dense", None), getattr(out, "dense", None)
+    act = getattr(inter, "intermediate_act_fn", None)
+    if act is None or not _is_linear(l1) or not _is_linear(l2):
+        return None
+    base = f"{prefix}.{i}"
+    try:
+        ffn = FFN(l1, act, l2)
+    except (TypeError, ValueError):
+        return None
+    return FFNSite(i, f"{base}.intermediate", ffn, "bert",
+                   (f"{base}.intermediate.dense", f"{base}.intermediate.intermediate_act_fn", f"{base}.output.dense"))
+
+
+def _sequential_sites(model: nn.Sequential) -> list[FFNSite]:
+    mods = list(model.named_children())
+    sites, i = [], 0
+    while i + 2 < len(mods):
+        (n1, m1), (na, ma), (n2, m2) = mods[i], mods[i + 1], mods[i + 2]
+        if (_is_linear(m1) and _is_linear(m2) and not _is_linear(ma)
+                and m2.in_features == m1.out_features and m2.out_features == m1.in_features):
+            sites.append(FFNSite(len(sites), n1, FFN(m1, ma, m2), "sequential", (n1, na, n2)))
+            i += 3
+        else:
+            i += 1
+    return sites
+
+
+def find_ffn_sites(model: nn.Module) -> list[FFNSite]:
+    """The FFNs of ``model``, bottom to top, as :class:`FFNSite` (see the module doc for
+    the structures recognised). A BERT layer whose FFN was already replaced is skipped
+    (the other sites keep their layer numbers as ``index``).
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+        ValueError: no FFN found, naming the structures looked for.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    sites: list[FFNSite] = []
+    if isinstance(model, nn.Sequential):
+        sites = _sequential_sites(model)
+    else:
+        prefix, layers = _bert_layers(model)
+        if layers is not None:
+            for i, layer in enumerate(layers):
+                site = _bert_site(prefix, i, layer)
+                if site is not None:
+                    sites.append(site)
+    if not sites:
+        raise ValueError(
+            f"model ({type(model).__name__}) has no FFN of the expected structure: expected "
+            "an nn.Sequential with a (Linear(d, h), activation, Linear(h, d)) run of children, "
+            "or a BERT-style transformer with encoder.layer[i].intermediate.dense, "
+            ".intermediate.intermediate_act_fn and encoder.layer[i].output.dense"
+        )
+    return sites
+
+
+def _resolve_site(model: nn.Module, site: Union[FFNSite, int]) -> FFNSite:
+    """The site of ``model`` meant by ``site``: an :class:`FFNSite` (found again in
+    ``model`` by its path, so a site of the original works on a copy) or a block number."""
+    sites = find_ffn_sites(model)
+    if isinstance(site, FFNSite):
+        for s in sites:
+            if s.path == site.path:
+                return s
+        raise ValueError(f"site {site.path!r} is not an FFN of this model (already replaced?)")
+    if isinstance(site, bool) or not hasattr(site, "__index__"):
+        raise TypeError(f"site must be an FFNSite or a block number, got {site!r}")
+    idx = int(site)
+    indices = [s.index for s in sites]
+    if idx < 0:
+        top = max(indices) + 1
+        idx += top
+    for s in sites:
+        if s.index == idx:
+            return s
+    raise ValueError(f"site must be one of the block numbers {indices} (negative counts from the top), got {site}")
+
+
+def capture_ffn_io(
+    model: nn.Module, sites: Sequence[Union[FFNSite, int]], *model_args: Any, **model_kwargs: Any
+) -> dict[int, tuple[Tensor, Tensor]]:
+    """Inputs and outputs of each site's FFN on one forward ``model(*model_args,
+    **model_kwargs)`` (run under ``torch.no_grad``): ``{site.index: (x, y)}`` with ``x``
+    the input of ``linear1`` and ``y`` the output of ``linear2``, both ``(..., d)``
+    (detached; for a BERT encoder ``(batch, tokens, d)``, padding included). The hooks are
+    removed afterwards, also when the forward raises. Chapter 7.
+    """
+    if isinstance(sites, (FFNSite, int)) or not isinstance(sites, Iterable):
+        raise TypeError("sites must be a sequence of FFNSite or block numbers")
+    resolved = [_resolve_site(model, s) for s in sites]
+    if not resolved:
+        raise ValueError("sites must name at least one FFN")
+    store: dict[int, dict[str, Tensor]] = {s.index: {} for s in resolved}
+    handles = []
+
+    def keep_input(idx: int):
+        def hook(module, inputs, output):
+            store[idx]["x"] = inputs[0].detach()
+        return hook
+
+    def keep_output(idx: int):
+        def hook(module, inputs, output):
+            store[idx]["y"] = output.detach()
+        return hook
+
+    try:
+        for s in resolved:
+            handles.append(s.ffn.linear1.register_forward_hook(keep_input(s.index)))
+            handles.append(s.ffn.linear2.register_forward_hook(keep_output(s.index)))
+        with torch.no_grad():
+            model(*model_args, **model_kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [i for i, d in store.items() if "x" not in d or "y" not in d]
+    if missing:
+        raise ValueError(f"the forward pass did not run the FFN of blocks {missing}")
+    return {i: (d["x"], d["y"]) for i, d in store.items()}
+
+
+def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    owner = model.get_submodule(parent) if parent else model
+    setattr(owner, name, module)
+
+
+def replace_ffn(model: nn.Module, site: Union[FFNSite, int], module: nn.Module, *, copy: bool = True) -> nn.Module:
+    """``model`` with the FFN at ``site`` (an :class:`FFNSite` or a block number,
+    negative from the top) replaced by ``module`` (interface ``(..., d) -> (..., d)``).
+
+    With ``copy=True`` (default) a deep copy is changed and returned and ``model`` is
+    untouched; ``module`` itself is put in (not copied). Only that site changes: every
+    other parameter and buffer stays as it was. Chapter 7.
+    """
+    return replace_ffns(model, {site: module} if not isinstance(site, FFNSite) else [(site, module)], copy=copy)
+
+
+def replace_ffns(
+    model: nn.Module,
+    replacements: Union[Mapping[Union[FFNSite, int], nn.Module], Sequence[tuple[Union[FFNSite, int], nn.Module]]],
+    *,
+    copy: bool = True,
+) -> nn.Module:
+    """Several :func:`replace_ffn` at once (one copy): ``replacements`` maps sites (or
+    block numbers) to modules, or is a sequence of ``(site, module)`` pairs."""
+    if not isinstance(copy, bool):
+        raise TypeError(f"copy must be a bool, got {copy!r}")
+    pairs = list(replacements.items()) if isinstance(replacements, Mapping) else list(replacements)
+    for _, module in pairs:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be an nn.Module mapping (..., d) -> (..., d), got {type(module).__name__}")
+    if copy:
+        # Copy the model without the new modules (they are put in as they are).
+        target = _copy.deepcopy(model)
+    else:
+        target = model
+    resolved = [(_resolve_site(target, s), m) for s, m in pairs]
+    paths = [s.path for s, _ in resolved]
+    if len(set(paths)) != len(paths):
+        raise ValueError(f"replacements name a site twice: {paths}")
+    for s, module in resolved:
+        _set_submodule(target, s.path, module)
+        for part in s.parts:
+            if part != s.path and not part.startswith(s.path + "."):
+                _set_submodule(target, part, nn.Identity())
+    return target
+
+
+# --------------------------------------------------------------------------------------
+# Counting
+# --------------------------------------------------------------------------------------
+
+
+def parameter_count(module: nn.Module) -> int:
+    """Parameters of ``module`` (each shared tensor once; buffers such as random
+    projections, fusion's scaling ``P`` and pruning masks are not parameters), counting
+    only the unmasked entries of a masked :class:`kernels.fusion.CompressedLinear`."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    total = sum(p.numel() for p in module.parameters())
+    from kernels.fusion import CompressedLinear
+
+    for m in module.modules():
+        if isinstance(m, CompressedLinear) and m.mask is not None:
+            total -= m.weight.numel() - int(m.mask.sum())
+    return int(total)
+
+
+def _linear_macs(m: nn.Module) -> int:
+    from kernels.fusion import LowRankLinear
+
+    if isinstance(m, LowRankLinear):
+        return m.rank * (m.in_features + m.out_features)
+    return int(m.in_features) * int(m.out_features)
+
+
+def _macs_per_token(module: nn.Module) -> int:
+    from kernels.lookup import BlockDiagonalFFN, LookupFFN, Top1MoEFFN, VanillaFFN, lookup_ffn_flops
+    from kernels.snnk import BundledNetwork
+
+    if isinstance(module, FFNModule):
+        return _macs_per_token(module.linear1) + _macs_per_token(module.linear2)
+    if _is_linear(module):
+        return _linear_macs(module)
+    if isinstance(module, BundledNetwork):
+        return int(module.flops_per_input())
+    if isinstance(module, LookupFFN):
+        kind = "dense" if module.projection_kind == "dense" else "bh4"
+        flops = lookup_ffn_flops(module.d_model, module.h, module.tau, block=module.block,
+                                 projection=kind, d_out=module.d_out)
+        return int(flops["total"]) // 2
+    if isinstance(module, BlockDiagonalFFN):
+        return 2 * module.d_model * module.hidden // module.groups
+    if isinstance(module, Top1MoEFFN):
+        return module.d_model * module.experts + 2 * module.d_model * module.hidden
+    if isinstance(module, VanillaFFN):
+        return 2 * module.d_model * module.hidden
+    raise TypeError(f"multiply_adds is not defined for a {type(module).__name__}")
+
+
+def multiply_adds(module: nn.Module, tokens: int = 1) -> int:
+    """Multiply-adds of ``module`` on ``tokens`` tokens (activations, biases, the codes
+    and weights of LookupFFN and the routing softmax of the MoE not counted):
+
+    * dense FFN (original, pruning, random subset, fusion): :math:`2dk` for width ``k``;
+    * factored SVD: :math:`2r(d + h)` for rank ``r``;
+    * SNNK / bundled SNNK (:class:`kernels.snnk.BundledNetwork`): :math:`m' d + dM`
+      (``m'`` random projections, ``M`` features), ``flops_per_input``;
+    * LookupFFN: half the FLOP of :func:`kernels.lookup.lookup_ffn_flops` (hash
+      projection plus :math:`h\\,d` for the weighted gather);
+    * block-diagonal FFN: :math:`2dH/g`; top-1 MoE: :math:`de + 2dH_e` (router and one
+      expert).
+
+    Equal to half the FLOP that ``torch.utils.flop_counter.FlopCounterMode`` counts in a
+    forward of the dense-like modules (tested).
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    return _macs_per_token(module) * check_positive_int("tokens", tokens)
+
+
+def _check_ffn(ffn: object) -> FFN:
+    if isinstance(ffn, FFNSite):
+        ffn = ffn.ffn
+    if not isinstance(ffn, FFN):
+        raise TypeError(f"ffn must be an FFN (or FFNSite), got {type(ffn).__name__}")
+    for name in ("linear1", "linear2"):
+        if type(getattr(ffn, name)) is not nn.Linear:
+            raise TypeError(f"ffn.{name} must be a plain torch.nn.Linear for a replacement, got "
+                            f"{type(getattr(ffn, name)).__name__}")
+    return ffn
+
+
+def _full_count(ffn: FFN) -> int:
+    return parameter_count(ffn.linear1) + parameter_count(ffn.linear2)
+
+
+def budget_for_hidden(ffn: FFN, k: int) -> int:
+    """Parameters of a dense FFN like ``ffn`` with ``k`` hidden units:
+    :math:`k(2d + 1) + d` (both weights, both biases). ``k = ffn.hidden`` gives the
+    original count."""
+    ffn = _check_ffn(ffn)
+    k = check_positive_int("k", k)
+    return k * (2 * ffn.d_model + (1 if ffn.linear1.bias is not None else 0)) + (
+        ffn.d_model if ffn.linear2.bias is not None else 0)
+
+
+def _check_budget(ffn: FFN, budget: object) -> int:
+    if isinstance(budget, bool) or not hasattr(budget, "__index__"):
+        raise TypeError(f"budget must be an integer number of parameters, got {budget!r}")
+    budget = int(budget)
+    full = _full_count(ffn)
+    if not 0 < budget <= full:
+        raise ValueError(f"budget must satisfy 0 < budget <= {full} (the FFN's parameter count), got {budget}")
+    return budget
+
+
+def _too_small(method: str, budget: int, need: int) -> ValueError:
+    return ValueError(f"budget {budget} is too small for {method!r}: its smallest setting needs {need} parameters")
+
+
+def _generator(generator: object) -> torch.Generator:
+    if generator is None:
+        return torch.Generator().manual_seed(0)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU torch.Generator, got {generator.device}")
+    return generator
+
+
+def _data(ffn: FFN, inputs: object, outputs: object, method: str, *, required: bool) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    if inputs is None:
+        if required:
+            raise ValueError(f"inputs must be given for {method!r}: it fits the FFN's outputs on them")
+        if outputs is not None:
+            raise ValueError("outputs were given without inputs")
+        return None, None
+    x = check_tensor("inputs", inputs)
+    if x.ndim == 0 or x.shape[-1] != ffn.d_model:
+        raise ValueError(f"inputs must have shape (..., {ffn.d_model}), got {tuple(x.shape)}")
+    x = x.detach().reshape(-1, ffn.d_model).to(ffn.linear1.weight.dtype)
+    if outputs is None:
+        with torch.no_grad():
+            y = ffn.forward(x)
+    else:
+        y = check_tensor("outputs", outputs)
+        if y.shape[-1] != ffn.d_model or y.numel() != x.numel():
+            raise ValueError(f"outputs must have the shape of inputs, got {tuple(y.shape)}")
+        y = y.detach().reshape(-1, ffn.d_model).to(x.dtype)
+    return x, y.detach()
+
+
+def _finish(module: nn.Module, ffn: FFN, setting: dict[str, Any], budget: int) -> nn.Module:
+    w = ffn.linear1.weight
+    module = module.to(device=w.device, dtype=w.dtype)
+    module.setting = setting
+    count = parameter_count(module)
+    if count > budget:  # a bug, never a user error
+        raise AssertionError(f"{setting} has {count} parameters, more than the budget {budget}")
+    return module
+
+
+def _copy_linear(weight: Tensor, bias: Optional[Tensor]) -> nn.Linear:
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype, device=weight.device)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    return lin
+
+
+def _dense_width(ffn: FFN, budget: int, method: str) -> int:
+    per_unit = budget_for_hidden(ffn, 1) - (ffn.d_model if ffn.linear2.bias is not None else 0)
+    k = min(ffn.hidden, (budget - (budget_for_hidden(ffn, 1) - per_unit)) // per_unit)
+    if k < 1:
+        raise _too_small(method, budget, budget_for_hidden(ffn, 1))
+    return int(k)
+
+
+def _sub_ffn(ffn: FFN, keep: Tensor, scale: float, setting: dict[str, Any]) -> FFNModule:
+    l1, l2 = ffn.linear1, ffn.linear2
+    with torch.no_grad():
+        new1 = _copy_linear(l1.weight[keep], None if l1.bias is None else l1.bias[keep])
+        new2 = _copy_linear(l2.weight[:, keep] * scale, l2.bias)
+    return FFNModule(new1, _copy.deepcopy(ffn.activation), new2, setting=setting)
+
+
+# --------------------------------------------------------------------------------------
+# Replacement methods
+# --------------------------------------------------------------------------------------
+
+
+def replace_original(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outputs: Optional[Tensor] = None,
+                     generator: Optional[torch.Generator] = None) -> nn.Module:
+    """A copy of the FFN itself (the reference row); ``budget`` must be its full
+    parameter count :math:`h(2d+1)+d`. Setting ``{"hidden": h}``."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    if budget != _full_count(ffn):
+        raise ValueError(f"budget must be the FFN's full parameter count {_full_count(ffn)} for 'original', got {budget}")
+    module = FFNModule(_copy.deepcopy(ffn.linear1), _copy.deepcopy(ffn.activation), _copy.deepcopy(ffn.linear2))
+    return _finish(module, ffn, {"hidden": ffn.hidden}, budget)
+
+
+def replace_svd(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outputs: Optional[Tensor] = None,
+                generator: Optional[torch.Generator] = None) -> nn.Module:
+    """Truncated SVD of both weights in factored form (:class:`kernels.fusion.LowRankLinear`,
+    Eckart-Young; chapter 6's baseline): rank ``r`` factors cost :math:`2r(d + h)` plus the
+    biases :math:`h + d`; the largest ``r <= min(d, h)`` that fits. Exact when ``r`` reaches
+    the rank of both weights. Setting ``{"rank": r}``. Data-free, deterministic."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    from kernels.fusion import compress_mlp
+
+    d, h = ffn.d_model, ffn.hidden
+    biases = (h if ffn.linear1.bias is not None else 0) + (d if ffn.linear2.bias is not None else 0)
+    r = min(d, h, (budget - biases) // (2 * (d + h)))
+    if r < 1:
+        raise _too_small("svd", budget, 2 * (d + h) + biases)
+    l1, l2 = compress_mlp(ffn.linear1, ffn.linear2, h, method="svd", rank=int(r))
+    return _finish(FFNModule(l1, _copy.deepcopy(ffn.activation), l2), ffn, {"rank": int(r)}, budget)
+
+
+def replace_prune(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outputs: Optional[Tensor] = None,
+                  generator: Optional[torch.Generator] = None) -> nn.Module:
+    """Structured magnitude pruning of hidden units: keep the ``k`` units with the
+    largest :math:`\\|W_{1,i}\\|\\,\\|W_{2,\\cdot i}\\|` (row ``i`` of ``linear1.weight``
+    times column ``i`` of ``linear2.weight``; ties to the lower index), ``k`` the largest
+    width with :math:`k(2d+1)+d` within the budget. A smaller dense FFN. Setting
+    ``{"k": k}``. Data-free, deterministic."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    k = _dense_width(ffn, budget, "prune")
+    with torch.no_grad():
+        score = ffn.linear1.weight.norm(dim=1) * ffn.linear2.weight.norm(dim=0)
+    keep = torch.sort(torch.argsort(score.cpu(), descending=True, stable=True)[:k]).values
+    return _finish(_sub_ffn(ffn, keep.to(score.device), 1.0, {"k": k}), ffn, {"k": k}, budget)
+
+
+def replace_random(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outputs: Optional[Tensor] = None,
+                   generator: Optional[torch.Generator] = None) -> nn.Module:
+    """A uniformly random subset of ``k`` hidden units (without replacement, from
+    ``generator``), the second weight multiplied by ``h/k``: the unbiased Monte-Carlo
+    estimate of the sum over units (chapter 6's "random"). ``k`` as :func:`replace_prune`.
+    Setting ``{"k": k}``."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    k = _dense_width(ffn, budget, "random")
+    gen = _generator(generator)
+    keep = torch.sort(torch.randperm(ffn.hidden, generator=gen)[:k]).values.to(ffn.linear1.weight.device)
+    return _finish(_sub_ffn(ffn, keep, ffn.hidden / k, {"k": k}), ffn, {"k": k}, budget)
+
+
+def replace_fusion(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outputs: Optional[Tensor] = None,
+                   generator: Optional[torch.Generator] = None, n_init: int = 1, max_iter: int = 30) -> nn.Module:
+    """MLP fusion (Wei et al. 2023, eq. 5; chapter 6): k-means of the sub-MLPs into ``k``
+    clusters (:func:`kernels.fusion.compress_mlp`, ``n_init`` restarts, ``max_iter``
+    Lloyd iterations), ``k`` as :func:`replace_prune` (the scaling ``P`` is a buffer).
+    With ``k = h`` it reproduces the FFN. Setting ``{"k": k}``."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    from kernels.fusion import compress_mlp
+
+    k = _dense_width(ffn, budget, "fusion")
+    l1, l2 = compress_mlp(ffn.linear1, ffn.linear2, k, method="fusion", generator=_generator(generator),
+                          n_init=n_init, max_iter=max_iter)
+    return _finish(FFNModule(l1, _copy.deepcopy(ffn.activation), l2), ffn, {"k": k}, budget)
+
+
+def distill(module: nn.Module, inputs: Tensor, outputs: Tensor, *, steps: int = 200, lr: float = 1e-3,
+            batch_size: int = 256, weight_decay: float = 0.0,
+            generator: Optional[torch.Generator] = None) -> list[float]:
+    """Fit ``module`` to ``outputs`` on ``inputs`` (``(n, d)`` each): ``steps`` AdamW
+    steps on the mean squared error over minibatches of ``batch_size`` rows drawn
+    without replacement (from ``generator``; a new permutation each pass). Trains all
+    parameters of ``module`` in place; returns the loss of every step (the curve the
+    chapter plots). Cost ``steps`` forward/backward passes of ``batch_size`` rows."""
+    steps = check_positive_int("steps", steps)
+    batch_size = check_positive_int("batch_size", batch_size)
+    gen = _generator(generator)
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("module has no trainable parameter to distill")
+    opt = torch.optim.AdamW(params, lr=float(lr), weight_decay=float(weight_decay))
+    n = inputs.shape[0]
+    losses: list[float] = []
+    order, pos = torch.randperm(n, generator=gen), 0
+    was_training = module.training
+    module.train()
+    try:
+        with torch.enable_grad():
+            for _ in range(steps):
+                if pos >= n:
+                    order, pos = torch.randperm(n, generator=gen), 0
+                idx = order[pos:pos + batch_size].to(inputs.device)
+                pos += batch_size
+                loss = F.mse_loss(module(inputs[idx]), outputs[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+    finally:
+        module.train(was_training)
+    return losses
+
+
+def replace_fusion_tuned(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None,
+                         outputs: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,
+                         steps: int = 100, lr: float = 1e-4, n_init: int = 1, max_iter: int = 30) -> nn.Module:
+    """MLP fusion followed by layer-wise task-specific tuning (Wei et al. 2023, Section 4.4,
+    eq. 6) at the level of this block: AdamW (the paper's optimiser, default ``lr`` its
+    ``1e-4``) on the MSE between the fused block's and the original block's outputs on
+    ``inputs`` (:func:`distill`), ``steps`` steps. The fixed scaling ``P`` stays a buffer,
+    so the second layer's gradient is multiplied by it, as in the paper. Needs
+    ``inputs``. Setting ``{"k": k, "steps": steps}``; the loss curve is ``.losses``."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    x, y = _data(ffn, inputs, outputs, "fusion_tuned", required=True)
+    gen = _generator(generator)
+    module = replace_fusion(ffn, budget, generator=gen, n_init=n_init, max_iter=max_iter)
+    losses = distill(module, x, y, steps=steps, lr=lr, generator=gen)
+    module = _finish(module, ffn, {"k": module.setting["k"], "steps": int(steps)}, budget)
+    module.losses = losses
+    return module
+
+
+def _snnk_layer(ffn: FFN, budget: int, gen: torch.Generator, method: str):
+    """The ReLU-SNNK layer of ``linear1`` with the most features ``M`` whose bundle
+    (``d x M`` weight + ``d`` bias) fits the budget."""
+    from kernels.snnk import SNNKLinear
+
+    d = ffn.d_model
+    m = (budget - d) // d
+    if m < 1:
+        raise _too_small(method, budget, 2 * d)
+    return SNNKLinear.from_linear(ffn.linear1, "relu", int(m), generator=gen), int(m)
+
+
+def replace_bundled_snnk(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None,
+                         outputs: Optional[Tensor] = None, generator: Optional[torch.Generator] = None) -> nn.Module:
+    """Bundled SNNK (Sehanobish et al. 2024, Sec. 3.3 and App. J.4; chapter 3), data-free:
+    the ReLU-SNNK layer of ``linear1`` (:math:`\\omega = \\Psi(W_1, b_1)`, ``M`` arc-cosine
+    random features, Sec. 3.2) bundled with ``linear2`` (:func:`kernels.snnk.bundle`):
+    :math:`y = \\widehat W\\,\\Phi(x) + b_2` with :math:`\\widehat W = W_2\\,\\Psi(W_1, b_1)`.
+    The ReLU-SNNK layer is the paper's replacement of ``Linear + activation``; it estimates
+    :math:`\\tfrac12 K_1`, not the FFN's own activation, which is why the paper uptrains
+    (chapter 3 measures how far the data-free block is). The URF estimate of GELU is not
+    used: its input tower :math:`e^{\\alpha^2\\|x\\|^2/2}` overflows on transformer hidden
+    states. ``inputs`` are not used. Parameters :math:`dM + d` (the projections are
+    regenerated from a seed), ``M`` the largest that fits; multiply-adds
+    :math:`M(d+1) + dM`. Setting ``{"features": M}``."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    from kernels.snnk import bundle
+
+    _data(ffn, inputs, outputs, "bundled_snnk", required=False)
+    layer, m = _snnk_layer(ffn, budget, _generator(generator), "bundled_snnk")
+    return _finish(bundle([layer, ffn.linear2]), ffn, {"features": m}, budget)
+
+
+def replace_snnk(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outputs: Optional[Tensor] = None,
+                 generator: Optional[torch.Generator] = None, ridge: float = 1e-3) -> nn.Module:
+    """SNNK block fitted in closed form (Sehanobish et al. 2024, Sec. 3.3, App. J.3; the
+    chapter-3 distillation): the ReLU-SNNK features :math:`\\Phi(x)` of
+    :func:`replace_bundled_snnk` and :math:`\\widehat W` (``d x M``) and the bias fitted
+    by ridge least squares (:func:`kernels.snnk.least_squares`, float64) of the FFN's
+    outputs on the features of its inputs, with :math:`\\lambda` = ``ridge`` times the
+    mean feature energy :math:`\\|\\Phi\\|_F^2 / M`, as in chapter 3. Needs ``inputs``;
+    no backpropagation. Same parameters and multiply-adds as the bundle. Setting
+    ``{"features": M}``."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    from kernels.snnk import bundle, least_squares
+
+    x, y = _data(ffn, inputs, outputs, "snnk", required=True)
+    layer, m = _snnk_layer(ffn, budget, _generator(generator), "snnk")
+    net = bundle([layer, ffn.linear2])
+    with torch.no_grad():
+        feats = net.features(x).double()
+        lam = float(ridge) * float(feats.pow(2).sum()) / feats.shape[1]
+        w, c = least_squares(feats, y.double(), ridge=lam)
+        net.weight.copy_(w.to(net.weight.dtype))
+        net.bias.copy_(c.to(net.bias.dtype))
+    return _finish(net, ffn, {"features": m}, budget)
+
+
+def _lookup_params(d: int, h: int, tau: int) -> int:
+    return d * h * tau + h * (2 ** tau) * d
+
+
+def replace_lookup(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outputs: Optional[Tensor] = None,
+                   generator: Optional[torch.Generator] = None, tau: int = 4, steps: int = 300,
+                   lr: float = 3e-3) -> nn.Module:
+    """LookupFFN (Zeng et al. 2023; chapter 5) distilled from the FFN: ``h`` tables of
+    :math:`2^\\tau` rows (``tau`` bits each) read through a dense projection to ``h tau``
+    soft codes (:class:`kernels.lookup.LookupFFN`, scaled weights of eq. 20), trained by
+    :func:`distill` (``steps`` AdamW steps, ``lr``) on ``(inputs, outputs)``. Parameters
+    :math:`d h \\tau + h 2^\\tau d`; ``h`` the largest that fits. The paper's BH4
+    projection holds :math:`4 d_p \\cdot 64` parameters per copy, more than the smaller
+    budgets, hence the dense one. Needs ``inputs``. Setting ``{"h": h, "tau": tau}``; the
+    loss curve is ``.losses``."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    from kernels.lookup import LookupFFN
+
+    tau = check_positive_int("tau", tau)
+    x, y = _data(ffn, inputs, outputs, "lookup", required=True)
+    d = ffn.d_model
+    h = budget // _lookup_params(d, 1, tau)
+    if h < 1:
+        raise _too_small("lookup", budget, _lookup_params(d, 1, tau))
+    gen = _generator(generator)
+    module = LookupFFN(d, int(h), tau, projection="dense", generator=gen, dtype=x.dtype)
+    module.losses = distill(module, x, y, steps=steps, lr=lr, generator=gen)
+    return _finish(module, ffn, {"h": int(h), "tau": tau, "steps": int(steps)}, budget)
+
+
+def replace_block_diagonal(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None,
+                           outputs: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,
+                           groups: int = 4, steps: int = 300, lr: float = 3e-3) -> nn.Module:
+    """Block-diagonal FFN with a channel shuffle (chapter 5's baseline,
+    :class:`kernels.lookup.BlockDiagonalFFN`) distilled from the FFN (:func:`distill`).
+    Parameters :math:`2dH/g + H + d`; hidden width ``H`` the largest multiple of
+    :math:`g^2` (the shuffle needs ``g | H/g``) that fits; ``groups`` must divide ``d``.
+    Needs ``inputs``. Setting ``{"hidden": H, "groups": g}``; ``.losses``."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    from kernels.lookup import BlockDiagonalFFN
+
+    g = check_positive_int("groups", groups)
+    d = ffn.d_model
+    if d % g:
+        raise ValueError(f"groups must divide d_model = {d}, got {g}")
+    x, y = _data(ffn, inputs, outputs, "block_diagonal", required=True)
+    per_unit = 2 * d // g + 1
+    hidden = ((budget - d) // per_unit) // (g * g) * (g * g)
+    if hidden < g * g:
+        raise _too_small("block_diagonal", budget, per_unit * g * g + d)
+    gen = _generator(generator)
+    module = BlockDiagonalFFN(d, int(hidden), g, generator=gen, dtype=x.dtype)
+    module.losses = distill(module, x, y, steps=steps, lr=lr, generator=gen)
+    return _finish(module, ffn, {"hidden": int(hidden), "groups": g, "steps": int(steps)}, budget)
+
+
+def replace_moe_top1(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outputs: Optional[Tensor] = None,
+                     generator: Optional[torch.Generator] = None, experts: int = 4, steps: int = 300,
+                     lr: float = 3e-3) -> nn.Module:
+    """Top-1 mixture of experts (switch-style, chapter 5's baseline,
+    :class:`kernels.lookup.Top1MoEFFN`) distilled from the FFN (:func:`distill`).
+    Parameters :math:`de + e(2dH_e + H_e + d)`; width per expert ``H_e`` the largest that
+    fits. Needs ``inputs``. Setting ``{"experts": e, "hidden_per_expert": H_e}``; ``.losses``."""
+    ffn = _check_ffn(ffn)
+    budget = _check_budget(ffn, budget)
+    from kernels.lookup import Top1MoEFFN
+
+    e = check_positive_int("experts", experts)
+    x, y = _data(ffn, inputs, outputs, "moe_top1", required=True)
+    d = ffn.d_model
+    hd = (budget - 2 * d * e) // (e * (2 * d + 1))
+    if hd < 1:
+        raise _too_small("moe_top1", budget, 2 * d * e + e * (2 * d + 1))
+    gen = _generator(generator)
+    module = Top1MoEFFN(d, int(hd), e, generator=gen, dtype=x.dtype)
+    module.losses = distill(module, x, y, steps=steps, lr=lr, generator=gen)
+    return _finish(module, ffn, {"experts": e, "hidden_per_expert": int(hd), "steps": int(steps)}, budget)
+
+
+#: The replacement methods of chapter 7, one signature:
+#: ``method(ffn, budget, *, inputs=None, outputs=None, generator=None, **options) -> nn.Module``.
+REPLACEMENTS: dict[str, Callable[..., nn.Module]] = {
+    "original": replace_original,
+    "svd": replace_svd,
+    "prune": replace_prune,
+    "random": replace_random,
+    "fusion": replace_fusion,
+    "fusion_tuned": replace_fusion_tuned,
+    "snnk": replace_snnk,
+    "bundled_snnk": replace_bundled_snnk,
+    "lookup": replace_lookup,
+    "block_diagonal": replace_block_diagonal,
+    "moe_top1": replace_moe_top1,
+}
+
+#: Methods that need ``inputs`` (they fit or distil on the FFN's outputs).
+NEEDS_DATA = ("fusion_tuned", "snnk", "lookup", "block_diagonal", "moe_top1")
+
+
+# --------------------------------------------------------------------------------------
+# Whole-model counts (chapter 3, Table 6 of the SNNK paper)
+# --------------------------------------------------------------------------------------
+
+
+def bert_snnk_counts(
+    hidden: int,
+    layers: int,
+    inner: int,
+    vocab: int,
+    positions: int,
+    *,
+    replaced: int,
+    num_features: int,
+    batch: int = 64,
+    tokens: int = 128,
+) -> dict[str, int]:
+    """Parameters and multiply-adds of a BERT encoder + pooler with SNNK FFN blocks (Table 6 conventions).
+
+    The FFNs of the top ``replaced`` layers become an SNNK layer (``"train"``: trainable
+    :math:`\\omega \\in \\mathbb R^{inner\\times M}` replaces :math:`W_1, b_1`; :math:`W_2, b_2`
+    stay) or a bundled block (``"infer"``: :math:`\\widehat W \\in \\mathbb R^{d\\times M}`
+    and :math:`b_2` replace the block). Multiply-adds are for ``batch`` sequences of
+    ``tokens`` tokens: per token and layer :math:`4d^2` (attention projections),
+    :math:`2\\,tokens\\,d` (scores and weighted sum), :math:`2\\,d\\,inner` (FFN), which
+    becomes :math:`M(d+1) + inner\\,M + inner\\,d` (train) or :math:`M(d+1) + dM`
+    (bundled); the pooler adds :math:`d^2` per sequence. The random projections are not
+    counted as parameters (they are regenerated from a seed). Keys: ``params_full``,
+    ``params_train``, ``params_infer``, ``macs_full``, ``macs_train``, ``macs_infer``.
+    Chapter 3 (beside the paper's Table 6); also :func:`kernels.snnk.bert_snnk_counts`.
+    """
+    d = check_positive_int("hidden", hidden)
+    n_layers = check_positive_int("layers", layers)
+    h = check_positive_int("inner", inner)
+    v = check_positive_int("vocab", vocab)
+    p = check_positive_int("positions", positions)
+    if isinstance(replaced, bool) or not isinstance(replaced, int) or not 0 <= replaced <= n_layers:
+        raise ValueError(f"replaced must be an integer in [0, layers={n_layers}], got {replaced!r}")
+    m = check_positive_int("num_features", num_features)
+    b = check_positive_int("batch", batch)
+    t = check_positive_int("tokens", tokens)
+    k = replaced
+    embeddings = (v + p + 2) * d + 2 * d  # word, position, 2 token types; layer norm
+    attention = 4 * (d * d + d) + 2 * d  # q, k, v, output projection; layer norm
+    ffn = d * h + h + h * d + d
+    per_layer_other = attention + 2 * d  # the FFN's layer norm
+    pooler = d * d + d
+    full = embeddings + n_layers * (per_layer_other + ffn) + pooler
+    snnk_train = h * m + h * d + d  # omega, W2, b2
+    snnk_infer = d * m + d  # W_hat, b2
+    macs_attn = 4 * d * d + 2 * t * d
+    macs_ffn = 2 * d * h
+    macs_train = m * (d + 1) + h * m + h * d
+    macs_infer = m * (d + 1) + d * m
+    n_tok = b * t
+    return {
+        "params_full": full,
+        "params_train": full - k * ffn + k * snnk_train,
+        "params_infer": full - k * ffn + k * snnk_infer,
+        "macs_full": n_tok * n_layers * (macs_attn + macs_ffn) + b * d * d,
+        "macs_train": n_tok * (n_layers * macs_attn + (n_layers - k) * macs_ffn + k * macs_train) + b * d * d,
+        "macs_infer": n_tok * (n_layers * macs_attn + (n_layers - k) * macs_ffn + k * macs_infer) + b * d * d,
+    }
