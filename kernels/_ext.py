@@ -292,7 +292,7 @@ _PROBE = """
 import torch
 from kernels._ext import build
 try:
-    build().raise_error()
+    build().raise_error(torch.zeros(2))
 except RuntimeError:
     print("propagates")
 """

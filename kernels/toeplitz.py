@@ -1406,7 +1406,7 @@ def _causal_response(real: Tensor) -> Tensor:
 
 
 class _CausalSpectrum(torch.autograd.Function):
-    """Spectrum, at FFT length ``L``, of the causal kernel whose response has real part ``real``.
+    r"""Spectrum, at FFT length ``L``, of the causal kernel whose response has real part ``real``.
 
     The forward pass of a causal :class:`FDTNO` in one step: ``real`` is ``(..., n + 1)``
     on the grid :math:`\omega_m = m\pi/n`; :math:`k_e = \mathrm{irFFT}_{2n}(\text{real})`

@@ -115,8 +115,15 @@ def test_bad_timeout_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
 def test_error_propagation_probe_tells_a_crash_from_an_error(monkeypatch) -> None:
     """The probe answers True with the pinned toolchain (a C++ error arrives as a
     RuntimeError) and False, without crashing us, when the child dies of a signal."""
+    import torch
+
+    pinned = [line.split("==")[1].strip() for line in (ROOT / "constraints.txt").read_text().splitlines()
+              if line.startswith("torch==")]
     ok, how = _ext._probe_error_propagation()
-    assert ok and how == "", how
+    if pinned and torch.__version__.split("+")[0] == pinned[0]:
+        assert ok and how == "", how  # the pinned torch and the local g++ agree
+    else:  # another torch (the GPU machine's torch 2.11 + g++ 13.3 crashes): either answer
+        assert ok or "SIGSEGV" in how or "SIGABRT" in how, how
     monkeypatch.setattr(_ext, "_PROBE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     ok, how = _ext._probe_error_propagation()
     assert not ok and "SIGSEGV" in how

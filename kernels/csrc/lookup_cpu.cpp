@@ -971,8 +971,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return false;
 #endif
   }, "Whether this build checks every index in its inner loops (-DNNK_DEBUG)");
-  m.def("raise_error", []() { NNK_ARG(false, "a deliberate error (kernels._ext's probe)"); },
-        "Raise a C++ error: kernels._ext checks once that it arrives as a RuntimeError");
+  m.def("raise_error", [](const torch::Tensor& x) {
+    NNK_ARG(x.dim() == 5, "a deliberate error (kernels._ext's probe): x has ", x.dim(), " dimensions");
+    return x;
+  }, "Raise a C++ error for x without 5 dimensions (what the entry points' checks do): "
+     "kernels._ext checks once that it arrives as a RuntimeError", pybind11::arg("x"));
   m.def("gather", &gather_cpu, "Weighted gather-accumulate of table rows",
         pybind11::arg("codes"), pybind11::arg("weights"), pybind11::arg("tables"),
         pybind11::arg("out"));
