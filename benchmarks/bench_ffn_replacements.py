@@ -85,16 +85,6 @@ def module_bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
 
 
-def _status_mib(key: str):
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
-
-
 def memory_worker(path: str) -> None:
     """Fresh-process memory of one saved module (last stdout line, JSON): ``load_run_mb``, the
     resident high-water mark above the pre-load RSS while loading the module and running it
@@ -102,7 +92,7 @@ def memory_worker(path: str) -> None:
     (:func:`_harness.peak_memory_of_call`)."""
     import torch
 
-    from _harness import peak_memory_of_call
+    from _harness import _status_mib, peak_memory_of_call
 
     torch.set_num_threads(1)
     before = _status_mib("VmRSS")
