@@ -1,7 +1,7 @@
 """Benchmark of every FFN replacement of chapter 7 (kernels/ffn.py): CPU latency and memory.
 
 For two FFN shapes, all-MiniLM-L6-v2's (384 -> 1536 -> 384, GELU) and BERT-base's
-(768 -> 3072 -> 768), and parameter budgets of 1/8, 1/4 and 1/2 of the hidden width
+(768 -> 3072 -> 768), and parameter budgets of 1/16, 1/8, 1/4 and 1/2 of the hidden width
 (``kernels.ffn.budget_for_hidden``), each method of ``kernels.ffn.REPLACEMENTS`` builds its
 largest setting within the budget from a random FFN (speed and memory do not depend on the
 weights' values, so k-means runs two Lloyd iterations and the distilled methods one step).
@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 
 SHAPES = {"minilm": (384, 1536), "bert_base": (768, 3072)}
-FRACTIONS = (8, 4, 2)  # budget = parameters of a dense FFN with hidden // fraction units
+FRACTIONS = (16, 8, 4, 2)  # budget = parameters of a dense FFN with hidden // fraction units
 BATCH, TOKENS = 16, 24
 TRAINED = {"fusion_tuned", "lookup", "block_diagonal", "moe_top1"}
 
