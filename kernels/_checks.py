@@ -123,3 +123,15 @@ def check_nonempty(name: str, value: torch.Tensor, dim: int, what: str) -> None:
     """Check that ``value.shape[dim] >= 1`` (``what`` names that dimension: "row", "column")."""
     if value.shape[dim] < 1:
         raise ValueError(f"{name} must have at least one {what}, got shape {tuple(value.shape)}")
+
+
+def cpu_generator(generator: object) -> "torch.Generator":
+    """The package convention for random draws: an explicit CPU ``torch.Generator``; ``None``
+    gives a fresh one seeded with 0, so results never depend on torch's global generator."""
+    if generator is None:
+        return torch.Generator().manual_seed(0)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU torch.Generator (draws happen on the CPU), got {generator.device}")
+    return generator

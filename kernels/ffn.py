@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels._checks import check_positive_int, check_tensor
+from kernels._checks import check_positive_int, check_tensor, cpu_generator
 
 __all__ = [
     "FFN",
@@ -490,14 +490,7 @@ def _too_small(method: str, budget: int, need: int) -> ValueError:
     return ValueError(f"budget {budget} is too small for {method!r}: its smallest setting needs {need} parameters")
 
 
-def _generator(generator: object) -> torch.Generator:
-    if generator is None:
-        return torch.Generator().manual_seed(0)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    if generator.device.type != "cpu":
-        raise ValueError(f"generator must be a CPU torch.Generator, got {generator.device}")
-    return generator
+_generator = cpu_generator  # kernels._checks: explicit CPU generator, None -> seed 0
 
 
 def _data(ffn: FFN, inputs: object, outputs: object, method: str, *, required: bool) -> tuple[Optional[Tensor], Optional[Tensor]]:

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels._checks import check_choice, check_positive_int, check_tensor
+from kernels._checks import check_choice, check_positive_int, check_tensor, cpu_generator
 from kernels.ffn import _bert_layers, find_ffn_sites
 
 __all__ = [
@@ -454,16 +454,7 @@ def _check_k(k: object, p_inner: int) -> int:
     return k
 
 
-def _generator(generator: object) -> torch.Generator:
-    """The package convention: an explicit CPU ``torch.Generator``; ``None`` gives a fresh
-    one seeded with 0, so results never depend on torch's global generator."""
-    if generator is None:
-        return torch.Generator().manual_seed(0)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    if generator.device.type != "cpu":
-        raise ValueError(f"generator must be a CPU torch.Generator (draws happen on the CPU), got {generator.device}")
-    return generator
+_generator = cpu_generator  # kernels._checks: explicit CPU generator, None -> seed 0
 
 
 def svd_rank_for_budget(p: int, p_inner: int, k: int) -> int:
