@@ -22,7 +22,7 @@ from typing import Iterator
 
 import pytest
 
-from data_scripts import fetch, glue, mnist, wikitext
+from data_scripts import bert, fetch, glue, mnist, wikitext
 from data_scripts.fetch import (
     ChecksumError,
     CorruptArchiveError,
@@ -223,9 +223,10 @@ def test_progress_bar_counts_bytes(tmp_path: Path, capsys) -> None:
 
 
 def test_pins_cover_every_remote_file_of_the_full_profile() -> None:
-    """Sizes and digests for GLUE, WikiText-103 and MNIST; LRA publishes none (confirmation)."""
-    for spec in glue.GLUE_TASKS.values():
-        assert spec["size"] > 10**6 and len(spec["sha256"]) == 64
+    """Sizes and digests for GLUE, WikiText-103, MNIST and BERT-base; LRA publishes none
+    (confirmation)."""
+    for spec in (*glue.GLUE_TASKS.values(), bert.BERT_BASE, bert.BERT_VOCAB):
+        assert spec["size"] > 10**5 and len(spec["sha256"]) == 64
     assert wikitext.WIKITEXT103_SIZE > 10**8 and len(wikitext.WIKITEXT103_SHA256) == 64
     assert set(mnist.MNIST_SHA256) == set(mnist.MNIST_SIZES) == set(mnist.MNIST_FILES.values())
 
@@ -241,3 +242,7 @@ def test_pinned_fetchers_reject_a_short_file_at_the_default_address(tmp_path: Pa
     (tmp_path / "wikitext-103" / wikitext.WIKITEXT103_ARCHIVE).write_bytes(b"x")
     with pytest.raises(ChecksumError, match="rm "):
         wikitext.fetch_wikitext103(root=tmp_path, progress=False)
+    (tmp_path / "bert-base-uncased").mkdir()
+    (tmp_path / "bert-base-uncased" / "model.safetensors").write_bytes(b"{}")
+    with pytest.raises(ChecksumError, match="expected 440449768"):
+        bert.fetch_bert_base(root=tmp_path, progress=False)
