@@ -43,6 +43,7 @@ Conventions used throughout:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import numbers
 from concurrent.futures import ThreadPoolExecutor
@@ -647,16 +648,24 @@ def _linear_gram_owners(model: nn.Module) -> Union[list[tuple[str, nn.Module]], 
     return layers
 
 
+class _SampleAxisError(ValueError):
+    """A hooked layer saw a leading dimension other than the number of samples."""
+
+
 def _linear_records(
     model: nn.Module,
     layers: list[tuple[str, nn.Module]],
     output_fn: Callable[[nn.Module, object], Tensor],
     inputs: object,
-) -> tuple[list[Optional[tuple[Tensor, Tensor]]], int, int]:
+    check_params: tuple[Tensor, ...] = (),
+) -> tuple[list[Optional[tuple[Tensor, Tensor]]], int, int, list[Tensor]]:
     """One forward pass and ``k`` backward passes. For every layer: its inputs ``a``
     ``(n, T, in)`` and the output gradients ``g`` ``(k, n, T, out)`` of
     :math:`\\sum_i f_a(x_i)` (one slice per output index ``a``), the calls of a layer
-    used several times concatenated along ``T``; ``None`` for a layer that never ran."""
+    used several times concatenated along ``T``; ``None`` for a layer that never ran.
+    Also the gradients of :math:`\\sum_{i,a} f_a(x_i)` with respect to
+    ``check_params`` (same backward passes; zeros where unused), with which a caller
+    can verify that the hooks saw every use of those parameters."""
     calls: dict[int, list[tuple[Tensor, Tensor]]] = {i: [] for i in range(len(layers))}
 
     def hook(idx: int):
@@ -680,14 +689,19 @@ def _linear_records(
     out = out.reshape(n, k)
     ys = [y for i in range(len(layers)) for _, y in calls[i]]
     grads_per_output = []
+    param_grads = [torch.zeros_like(p) for p in check_params]
     for a in range(k):
-        if not out.requires_grad or not ys:
-            grads = [None] * len(ys)
+        if not out.requires_grad or not (ys or check_params):
+            grads = [None] * (len(ys) + len(check_params))
         else:
             grads = torch.autograd.grad(
-                out[:, a].sum(), ys, retain_graph=a + 1 < k, allow_unused=True
+                out[:, a].sum(), ys + list(check_params), retain_graph=a + 1 < k,
+                allow_unused=True,
             )
-        grads_per_output.append(grads)
+        for pg, g in zip(param_grads, grads[len(ys):]):
+            if g is not None:
+                pg += g.detach()
+        grads_per_output.append(grads[: len(ys)])
     records: list[Optional[tuple[Tensor, Tensor]]] = []
     pos = 0
     for i in range(len(layers)):
@@ -697,7 +711,7 @@ def _linear_records(
         a_parts, g_parts = [], []
         for j, (x_in, y) in enumerate(calls[i]):
             if x_in.shape[0] != n:
-                raise ValueError(
+                raise _SampleAxisError(
                     f"layer {layers[i][0]!r} saw a leading dimension of {x_in.shape[0]} "
                     f"for {n} samples; samples must stay on the first axis"
                 )
@@ -709,7 +723,7 @@ def _linear_records(
             g_parts.append(torch.stack(per_out).detach().reshape(k, n, -1, y.shape[-1]))
         pos += len(calls[i])
         records.append((torch.cat(a_parts, 1), torch.cat(g_parts, 2)))
-    return records, n, k
+    return records, n, k, param_grads
 
 
 def _pair_gram(u1: Tensor, u2: Tensor) -> Tensor:
@@ -838,11 +852,11 @@ def _call_model(model: nn.Module, x: object) -> Tensor:
 
 
 def _linear_gram(model, layers, output_fn, x1, x2, trace) -> Tensor:
-    rec1, n1, k = _linear_records(model, layers, output_fn, x1)
+    rec1, n1, k, _ = _linear_records(model, layers, output_fn, x1)
     if x2 is None:
         rec2, n2 = rec1, n1
     else:
-        rec2, n2, k2 = _linear_records(model, layers, output_fn, x2)
+        rec2, n2, k2, _ = _linear_records(model, layers, output_fn, x2)
         if k2 != k:
             raise ValueError(f"the model returns {k} outputs per sample on x1 but {k2} on x2")
     theta: Optional[Tensor] = None
@@ -905,19 +919,235 @@ def _functional_model(model: nn.Module, params: dict[str, Tensor]):
     return f
 
 
-#: Bytes of per-sample Jacobians / NTK directions that one block may hold when
-#: ``chunk_size`` is None (the memory bound of the ``"jacobian"`` and ``"jvp"`` methods).
-#: 1 GiB: a 256-sample Jacobian of the benchmark's 0.56 M-parameter MLP (573 MB) fits in
-#: one block; at 256 MiB it was split into three and recomputed per block pair, 1.35x
-#: slower (measured, one thread).
+#: Bytes of per-sample Jacobians / NTK directions that one block of the generic
+#: ``torch.func`` paths may hold when ``chunk_size`` is None. 1 GiB: a 256-sample
+#: Jacobian of the benchmark's 0.56 M-parameter MLP (573 MB) fits in one block; at
+#: 256 MiB it was split into three and recomputed per block pair, 1.35x slower
+#: (measured, one thread).
 _BLOCK_BYTES = 1 << 30
 #: Most samples of ``x1`` per block in the ``"jvp"`` method.
 _JVP_MAX_CHUNK = 32
+#: Bytes of one block of Jacobian columns in the per-layer ``"jacobian"`` path (per
+#: input set): the columns of a few output rows of one ``nn.Linear`` weight. Small
+#: enough to be contracted while it is still in cache, large enough for the GEMM to
+#: run at full speed (see ``benchmarks/bench_ntk.py``).
+_LAYER_BLOCK_BYTES = 8 << 20
 
 
 def _default_chunk(n_params: int, k: int, itemsize: int, cap: int) -> int:
     """Samples per block so that ``c k P`` entries fit in :data:`_BLOCK_BYTES` (at least 1)."""
     return max(1, min(cap, _BLOCK_BYTES // max(1, n_params * k * itemsize)))
+
+
+@functools.lru_cache(maxsize=None)
+def _onednn_linear_available() -> bool:
+    """Whether torch's oneDNN inner product (``torch.ops.mkldnn._linear_pointwise``)
+    runs here and agrees with ``torch.mm`` on a small float32 product."""
+    try:
+        if not torch.backends.mkldnn.is_available():
+            return False
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(5, 7, generator=gen)
+        b = torch.randn(3, 7, generator=gen)
+        got = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+        return bool(
+            isinstance(got, Tensor) and not got.is_mkldnn and got.shape == (5, 3)
+            and torch.allclose(got, a @ b.T, rtol=1e-5, atol=1e-6)
+        )
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+
+
+def _gemm_nt(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b.T`` for ``(m, K)`` and ``(p, K)`` row-major blocks.
+
+    float32 on the CPU goes through oneDNN's inner product when torch has it: on the
+    AMD Zen 5 benchmark machine ATen's float32 ``mm`` (MKL) ran these shapes at about
+    110 GFLOP/s on one thread and oneDNN at about 250 (``benchmarks/bench_ntk.py``,
+    "GEMM floor"). Same product, different summation order (float32 rounding)."""
+    if a.dtype == torch.float32 and a.device.type == "cpu" and _onednn_linear_available():
+        return torch.ops.mkldnn._linear_pointwise(
+            a.contiguous(), b.contiguous(), None, "none", [], ""
+        )
+    return a @ b.T
+
+
+class _LinearParts(NamedTuple):
+    """An ``nn.Linear``/:class:`NTKLinear` layer and the canonical names of those of its
+    trainable parameters whose Jacobian is formed from the layer's inputs and output
+    gradients (``None``: not trainable, or left to ``torch.func``)."""
+
+    path: str
+    module: nn.Module
+    weight: Optional[str]
+    bias: Optional[str]
+
+
+def _split_linear_parameters(
+    model: nn.Module, params: dict[str, Tensor]
+) -> tuple[list[_LinearParts], dict[str, Tensor]]:
+    """Split the trainable ``params`` into per-layer ones and the rest.
+
+    A parameter takes the per-layer path when its only holder is one ``nn.Linear`` or
+    :class:`NTKLinear` (exact types, so a subclass with its own ``forward`` does not)
+    as its ``weight`` or ``bias``; that layer may be called several times. A parameter
+    held by two modules (tied weights) or by any other module stays with ``torch.func``.
+    """
+    holders: dict[int, dict[tuple[int, str], tuple[str, nn.Module]]] = {}
+    for full, p in model.named_parameters(remove_duplicate=False):
+        path, _, attr = full.rpartition(".")
+        module = model.get_submodule(path)
+        holders.setdefault(id(p), {})[(id(module), attr)] = (path, module)
+    layers: dict[int, _LinearParts] = {}
+    rest: dict[str, Tensor] = {}
+    for name, p in params.items():
+        slots = holders.get(id(p), {})
+        if len(slots) == 1:
+            ((mod_id, attr), (path, module)) = next(iter(slots.items()))
+            if type(module) in (nn.Linear, NTKLinear) and attr in ("weight", "bias"):
+                entry = layers.get(mod_id, _LinearParts(path, module, None, None))
+                layers[mod_id] = entry._replace(**{attr: name})
+                continue
+        rest[name] = p
+    return list(layers.values()), rest
+
+
+def _weight_rows(rec: tuple[Tensor, Tensor], s_w: float, o0: int, o1: int, i0: int, i1: int,
+                 out: Optional[Tensor] = None) -> Tensor:
+    """Per-sample Jacobian of outputs ``o0:o1`` of a linear layer's weight, samples
+    ``i0:i1``: :math:`\\partial f_a(x_i)/\\partial W_{o,:} = s_W\\sum_t g_{a,i,t,o}\\,
+    a_{i,t,:}` (chapter 1, "The empirical NTK"), as ``(c, k, o1 - o0, d_in)``.
+
+    One token: a broadcast product written straight into ``out`` (torch.func's batched
+    outer products are matmuls with an inner dimension of 1, several times slower);
+    several tokens or calls: one batched matmul over the samples."""
+    a, g = rec
+    k, _, t, _ = g.shape
+    c, r, d_in = i1 - i0, o1 - o0, a.shape[-1]
+    gs = g[:, i0:i1, :, o0:o1]  # (k, c, T, r)
+    if s_w != 1.0:
+        gs = gs * s_w
+    if out is None:
+        out = torch.empty(c * k * r * d_in, dtype=a.dtype, device=a.device)
+    out = out[: c * k * r * d_in].view(c, k, r, d_in)
+    if t == 1:
+        torch.mul(gs[:, :, 0, :].permute(1, 0, 2)[..., None], a[i0:i1, 0, None, None, :], out=out)
+    else:
+        lhs = gs.permute(1, 0, 3, 2).reshape(c, k * r, t)
+        torch.bmm(lhs, a[i0:i1], out=out.view(c, k * r, d_in))
+    return out
+
+
+def _bias_rows(rec: tuple[Tensor, Tensor], s_b: float, i0: int, i1: int) -> Tensor:
+    """Per-sample Jacobian of a linear layer's bias, ``(c, k, d_out)``:
+    :math:`s_b\\sum_t g_{a,i,t,:}`."""
+    _, g = rec
+    return (g[:, i0:i1].sum(2) * s_b).permute(1, 0, 2)
+
+
+def _checked_layer_records(
+    model: nn.Module, parts: list[_LinearParts], params: dict[str, Tensor], x: Tensor
+) -> Optional[list[Optional[tuple[Tensor, Tensor]]]]:
+    """Inputs and output gradients of every per-layer linear layer on ``x`` (see
+    :func:`_linear_records`), or ``None`` when they cannot be trusted: a layer saw a
+    leading dimension other than the samples, or the gradient of the summed outputs
+    with respect to a per-layer parameter differs from the one the records give (the
+    parameter is also used outside its layer's ``forward``, e.g. ``F.linear(h,
+    layer.weight)``, which hooks cannot see)."""
+    names = [nm for pt in parts for nm in (pt.weight, pt.bias) if nm is not None]
+    try:
+        records, _, _, grads = _linear_records(
+            model, [(pt.path, pt.module) for pt in parts], _call_model, x,
+            tuple(params[nm] for nm in names),
+        )
+    except _SampleAxisError:
+        return None
+    by_name = dict(zip(names, grads))
+    tol = 1e-3 if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-9
+    with torch.no_grad():
+        for pt, rec in zip(parts, records):
+            s_w, s_b = _layer_scales(pt.module)
+            for nm, kind in ((pt.weight, "weight"), (pt.bias, "bias")):
+                if nm is None:
+                    continue
+                got = by_name[nm]
+                if rec is None:
+                    expected = torch.zeros_like(got)
+                elif kind == "weight":
+                    a, g = rec
+                    expected = s_w * torch.einsum("knto,nti->oi", g, a)
+                else:
+                    expected = s_b * rec[1].sum((0, 1, 2))
+                scale = max(got.abs().max().item(), expected.abs().max().item())
+                if (got - expected).abs().max().item() > tol * scale:
+                    return None
+    return records
+
+
+def _layer_jacobian_ntk(
+    parts: list[_LinearParts],
+    rec1: list[Optional[tuple[Tensor, Tensor]]],
+    rec2: Optional[list[Optional[tuple[Tensor, Tensor]]]],
+    n1: int,
+    n2: int,
+    k: int,
+    like: Tensor,
+) -> Tensor:
+    """:math:`\\sum_{\\text{blocks}} J_1 J_2^\\top` over the per-layer parameters, as a
+    flat ``(n1 k, n2 k)`` matrix with rows ``(i, a)`` (``rec2=None``: ``x2 = x1``).
+
+    The explicit per-sample Jacobian (Jacot et al. 2018, eq. 4) is formed in blocks of
+    columns -- a few output rows of one weight, at most :data:`_LAYER_BLOCK_BYTES` per
+    input set -- and each block is contracted at once with one GEMM (``x2=None``: only
+    the row blocks on and above the diagonal, 5/8 of the work with 4 blocks).
+    Memory: two blocks and the result; time :math:`O((n_1 + n_2) k P)` to form and
+    :math:`O(n_1 n_2 k^2 P)` to contract."""
+    sym = rec2 is None
+    n_rows = n1 * k
+    theta = torch.zeros(n_rows, n2 * k, dtype=like.dtype, device=like.device)
+    n_blocks = 4 if (sym and n_rows >= 64) else 1
+    edges = [round(i * n_rows / n_blocks) for i in range(n_blocks + 1)]
+    itemsize = like.element_size()
+    buf1: Optional[Tensor] = None
+    buf2: Optional[Tensor] = None
+
+    def accumulate(b1: Tensor, b2: Optional[Tensor]) -> None:
+        if b2 is None:
+            for r0, r1 in zip(edges[:-1], edges[1:]):
+                theta[r0:r1, r0:] += _gemm_nt(b1[r0:r1], b1[r0:])
+        else:
+            theta.add_(_gemm_nt(b1, b2))
+
+    for idx, pt in enumerate(parts):
+        r1_ = rec1[idx]
+        r2_ = None if sym else rec2[idx]
+        if r1_ is None or (not sym and r2_ is None):
+            continue  # the layer never ran on one input set: its Jacobian is zero there
+        s_w, s_b = _layer_scales(pt.module)
+        if pt.weight is not None:
+            d_out, d_in = r1_[1].shape[-1], r1_[0].shape[-1]
+            rows = max(1, min(d_out, _LAYER_BLOCK_BYTES // max(1, max(n1, n2) * k * d_in * itemsize)))
+            if buf1 is None or buf1.numel() < max(n1, n2) * k * rows * d_in:
+                buf1 = torch.empty(max(n1, n2) * k * rows * d_in, dtype=like.dtype, device=like.device)
+                buf2 = None if sym else torch.empty_like(buf1)
+            for o0 in range(0, d_out, rows):
+                o1 = min(o0 + rows, d_out)
+                b1 = _weight_rows(r1_, s_w, o0, o1, 0, n1, buf1).reshape(n_rows, -1)
+                b2 = None if sym else _weight_rows(r2_, s_w, o0, o1, 0, n2, buf2).reshape(n2 * k, -1)
+                accumulate(b1, b2)
+        if pt.bias is not None and s_b != 0.0:
+            b1 = _bias_rows(r1_, s_b, 0, n1).reshape(n_rows, -1)
+            b2 = None if sym else _bias_rows(r2_, s_b, 0, n2).reshape(n2 * k, -1)
+            accumulate(b1, b2)
+    if sym:
+        for r0, r1 in zip(edges[:-1], edges[1:]):
+            theta[r1:, r0:r1] = theta[r0:r1, r1:].T
+    return theta
+
+
+def _unflatten_ntk(theta: Tensor, n1: int, n2: int, k: int) -> Tensor:
+    """``(n1 k, n2 k)`` with rows ``(i, a)`` -> ``(n1, n2, k, k)``."""
+    return theta.reshape(n1, k, n2, k).permute(0, 2, 1, 3).contiguous()
 
 
 def _ntk_jacobian(
@@ -928,6 +1158,43 @@ def _ntk_jacobian(
     out_shape: tuple[int, ...],
     chunk_size: Optional[int],
 ) -> Tensor:
+    """``"jacobian"``: explicit per-sample Jacobians, contracted. The weights and biases
+    of ``nn.Linear``/:class:`NTKLinear` layers get their Jacobian rows from one hooked
+    forward and ``k`` backward passes (:func:`_layer_jacobian_ntk`); every other
+    trainable parameter (and all of them when the hooks cannot be trusted, see
+    :func:`_checked_layer_records`) from ``torch.func`` (:func:`_func_jacobian_ntk`)."""
+    k = 1 if not out_shape else out_shape[0]
+    n1 = x1.shape[0]
+    n2 = n1 if x2 is None else x2.shape[0]
+    parts, rest = _split_linear_parameters(model, params)
+    theta: Optional[Tensor] = None
+    if parts:
+        rec1 = _checked_layer_records(model, parts, params, x1)
+        rec2 = None
+        if rec1 is not None and x2 is not None:
+            rec2 = _checked_layer_records(model, parts, params, x2)
+        if rec1 is None or (x2 is not None and rec2 is None):
+            rest = params
+        else:
+            with torch.no_grad():
+                flat = _layer_jacobian_ntk(parts, rec1, rec2, n1, n2, k, x1)
+            theta = _unflatten_ntk(flat, n1, n2, k)
+    if rest:
+        other = _func_jacobian_ntk(model, rest, x1, x2, out_shape, chunk_size)
+        theta = other if theta is None else theta + other
+    return theta
+
+
+def _func_jacobian_ntk(
+    model: nn.Module,
+    params: dict[str, Tensor],
+    x1: Tensor,
+    x2: Optional[Tensor],
+    out_shape: tuple[int, ...],
+    chunk_size: Optional[int],
+) -> Tensor:
+    """Jacobian contraction for the parameters ``params`` by ``torch.func``:
+    ``vmap(jacrev)`` per sample block, one contraction per parameter tensor."""
     detached = {n: p.detach() for n, p in params.items()}
     f = _functional_model(model, detached)
     k = 1 if not out_shape else out_shape[0]
