@@ -925,13 +925,19 @@ def _functional_model(model: nn.Module, params: dict[str, Tensor]):
 #: 256 MiB it was split into three and recomputed per block pair, 1.35x slower
 #: (measured, one thread).
 _BLOCK_BYTES = 1 << 30
-#: Most samples of ``x1`` per block in the ``"jvp"`` method.
+#: Most samples of ``x1`` per block in the ``"jvp"`` method (``torch.func`` JVP, and
+#: the hand-written JVP of :func:`_sequential_tangents`: smaller blocks skip more of the
+#: symmetric half, larger ones make larger GEMMs; 16 was fastest of 8-64, one thread).
 _JVP_MAX_CHUNK = 32
+_SEQUENTIAL_JVP_MAX_CHUNK = 16
 #: Bytes of one block of Jacobian columns in the per-layer ``"jacobian"`` path (per
 #: input set): the columns of a few output rows of one ``nn.Linear`` weight. Small
 #: enough to be contracted while it is still in cache, large enough for the GEMM to
 #: run at full speed (see ``benchmarks/bench_ntk.py``).
 _LAYER_BLOCK_BYTES = 8 << 20
+#: Row blocks of the symmetric (``x2=None``) contraction: blocks on and above the
+#: diagonal only, :math:`(b + 1)/(2b)` of the full product's work.
+_SYM_ROW_BLOCKS = 4
 
 
 def _default_chunk(n_params: int, k: int, itemsize: int, cap: int) -> int:
@@ -1105,7 +1111,7 @@ def _layer_jacobian_ntk(
     sym = rec2 is None
     n_rows = n1 * k
     theta = torch.zeros(n_rows, n2 * k, dtype=like.dtype, device=like.device)
-    n_blocks = 4 if (sym and n_rows >= 64) else 1
+    n_blocks = _SYM_ROW_BLOCKS if (sym and n_rows >= 16 * _SYM_ROW_BLOCKS) else 1
     edges = [round(i * n_rows / n_blocks) for i in range(n_blocks + 1)]
     itemsize = like.element_size()
     buf1: Optional[Tensor] = None
@@ -1261,21 +1267,66 @@ def _ntk_jvp(
     out_shape: tuple[int, ...],
     chunk_size: Optional[int],
 ) -> Tensor:
+    """``"jvp"``: NTK-vector products. For each block of ``c`` samples of ``x1`` the
+    directions :math:`J(x_i)^\\top e_a` (VJPs) are formed for all ``c k`` cotangents at
+    once -- from the hooked layer inputs and output gradients for ``nn.Linear``
+    parameters (the rows of :func:`_weight_rows`), by ``torch.func.vjp`` for every other
+    parameter -- and pushed forward through the model at ``x2`` in one batched JVP:
+    :math:`J(x_2) J(x_i)^\\top e_a = \\hat\\Theta(x_i, x_2)_{a,:}`. For an
+    ``nn.Sequential`` of linear layers and elementwise activations the JVP is
+    hand-written (:func:`_sequential_tangents`, GEMMs through :func:`_gemm_nt`);
+    otherwise ``torch.func.jvp`` under ``vmap``."""
     detached = {n: p.detach() for n, p in params.items()}
-    f = _functional_model(model, detached)
     xb = x1 if x2 is None else x2
     n1, n2 = x1.shape[0], xb.shape[0]
     k = 1 if not out_shape else out_shape[0]
     n_params = sum(p.numel() for p in detached.values())
-    chunk = chunk_size or _default_chunk(n_params, k, x1.element_size(), _JVP_MAX_CHUNK)
     eye = torch.eye(k, dtype=x1.dtype, device=x1.device)
+
+    parts, rest = _split_linear_parameters(model, params)
+    records = _checked_layer_records(model, parts, params, x1) if parts else None
+    if records is None:
+        parts, rest = [], params
+    rest_detached = {n: detached[n] for n in rest}
+    f = _functional_model(model, detached)
+    f_rest = _functional_model(model, rest_detached) if rest else None
+    seq_layers = _gram_layers(model) if not rest else "parameters outside linear layers"
+    cap = _JVP_MAX_CHUNK if isinstance(seq_layers, str) else _SEQUENTIAL_JVP_MAX_CHUNK
+    chunk = chunk_size or _default_chunk(n_params, k, x1.element_size(), cap)
 
     def cotangent_directions(x_i: Tensor) -> dict[str, Tensor]:
         # VJPs of one sample's k outputs: J(x_i)^T e_a, parameter-shaped, (k, *shape).
         # One sample at a time, so that a one-hot cotangent does not pay for a
         # backward pass through the whole batch.
-        _, vjp_fn = vjp(lambda p: f(p, x_i.unsqueeze(0))[0], detached)
+        _, vjp_fn = vjp(lambda p: f_rest(p, x_i.unsqueeze(0))[0], rest_detached)
         return vmap(vjp_fn)(eye)[0]
+
+    # Direction buffers reused by every block: a fresh multi-MB tensor per block costs
+    # more in page faults than the products written into it (measured: 19 ms vs 3 ms
+    # for one 32 MiB block of the benchmark's MLP).
+    buffers: dict[str, Tensor] = {}
+
+    def layer_directions(i0: int, i1: int) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        d = (i1 - i0) * k
+        for pt, rec in zip(parts, records):
+            s_w, s_b = _layer_scales(pt.module)
+            for nm, kind in ((pt.weight, "weight"), (pt.bias, "bias")):
+                if nm is None:
+                    continue
+                shape = detached[nm].shape
+                if rec is None or (kind == "bias" and s_b == 0.0):
+                    out[nm] = torch.zeros((d,) + shape, dtype=x1.dtype, device=x1.device)
+                elif kind == "weight":
+                    if nm not in buffers:
+                        buffers[nm] = torch.empty(
+                            chunk * k * shape.numel(), dtype=x1.dtype, device=x1.device
+                        )
+                    rows = _weight_rows(rec, s_w, 0, shape[0], i0, i1, buffers[nm])
+                    out[nm] = rows.view((d,) + shape)
+                else:
+                    out[nm] = _bias_rows(rec, s_b, i0, i1).reshape((d,) + shape)
+        return out
 
     def ntk_rows(direction: dict[str, Tensor], x: Tensor) -> Tensor:
         # JVP of the model at x along J(x_i)^T e_a: the row block Theta(x_i, x)[a, :].
@@ -1285,17 +1336,73 @@ def _ntk_jvp(
     with torch.no_grad():
         for i0 in range(0, n1, chunk):
             i1 = min(i0 + chunk, n1)
-            directions = vmap(cotangent_directions)(x1[i0:i1])
-            flat = {n: v.reshape((-1,) + v.shape[2:]) for n, v in directions.items()}
+            flat = layer_directions(i0, i1) if parts else {}
+            if rest:
+                directions = vmap(cotangent_directions)(x1[i0:i1])
+                flat.update({n: v.reshape((-1,) + v.shape[2:]) for n, v in directions.items()})
+            flat = {n: flat[n] for n in detached}  # jvp wants the primals' key order
             # x2 = x1: the NTK is symmetric, so each block of rows needs only the columns
             # from its own first sample on (about half the forward-mode work).
             j0 = i0 if x2 is None else 0
-            rows = vmap(ntk_rows, in_dims=(0, None))(flat, xb[j0:])  # (c k, n2 - j0, k)
+            if isinstance(seq_layers, str):
+                rows = vmap(ntk_rows, in_dims=(0, None))(flat, xb[j0:])  # (c k, n2 - j0, k)
+            else:
+                rows = _sequential_tangents(seq_layers, params, flat, xb[j0:], k)
             block = rows.reshape(i1 - i0, k, n2 - j0, k).permute(0, 2, 1, 3)
             theta[i0:i1, j0:] = block
             if x2 is None and i1 < n2:
                 theta[i1:, i0:i1] = block[:, i1 - i0 :].permute(1, 0, 3, 2)
     return theta
+
+
+def _sequential_tangents(
+    layers: list[nn.Module], params: dict[str, Tensor], directions: dict[str, Tensor],
+    x: Tensor, k: int,
+) -> Tensor:
+    """Forward-mode derivative of an ``nn.Sequential`` of linear layers and elementwise
+    activations (the layer list of :func:`_gram_layers`) at ``x`` ``(n, d)`` along ``D``
+    parameter directions: ``(D, n, k)``, :math:`J(x)\\,v_d` for each direction.
+
+    Per linear layer :math:`\\dot z = s_W(\\dot h W^\\top + h\\,\\dot W^\\top) + s_b\\dot b`,
+    per activation :math:`\\dot h = \\sigma'(z)\\odot\\dot z` -- exactly what
+    ``torch.func.jvp`` computes, with the two products as single GEMMs over all ``D``
+    directions (:func:`_gemm_nt`). Cost :math:`O(D\\,n\\,P)`, memory :math:`O(D\\,n\\,w)`.
+    ``directions`` is keyed by the canonical names of ``params``; a trainable
+    parameter of the model has a direction, a frozen one has none."""
+    name_of = {id(p): n for n, p in params.items()}
+    d = next(iter(directions.values())).shape[0]
+    n = x.shape[0]
+    h = x
+    tangent: Optional[Tensor] = None  # (D, n, width)
+    for layer in layers:
+        if isinstance(layer, (nn.Linear, NTKLinear)):
+            s_w, s_b = _layer_scales(layer)
+            w = layer.weight.detach()
+            d_out, d_in = w.shape
+            new: Optional[Tensor] = None
+            if tangent is not None:
+                new = _gemm_nt(tangent.reshape(d * n, d_in), w * s_w if s_w != 1.0 else w)
+                new = new.view(d, n, d_out)
+            w_dir = directions.get(name_of.get(id(layer.weight), ""))
+            if w_dir is not None:
+                hs = h * s_w if s_w != 1.0 else h
+                term = _gemm_nt(hs, w_dir.reshape(d * d_out, d_in)).view(n, d, d_out)
+                term = term.permute(1, 0, 2)
+                new = term.contiguous() if new is None else new.add_(term)
+            if layer.bias is not None and s_b != 0.0:
+                b_dir = directions.get(name_of.get(id(layer.bias), ""))
+                if b_dir is not None:
+                    b_term = (b_dir * s_b)[:, None, :]
+                    new = b_term.expand(d, n, d_out).clone() if new is None else new.add_(b_term)
+            h = layer(h)
+            tangent = new
+        else:
+            h, deriv = _activation_and_derivative(layer, h)
+            if tangent is not None and deriv is not None:
+                tangent = tangent * deriv
+    if tangent is None:
+        return torch.zeros(d, n, k, dtype=x.dtype, device=x.device)
+    return tangent.reshape(d, n, k)
 
 
 # --------------------------------------------------------------------------------------
