@@ -313,18 +313,37 @@ def empirical_ntk(
 
     Methods (``P`` parameters, ``k`` outputs):
 
-    * ``"jacobian"``: per-sample Jacobians with ``torch.func.vmap(jacrev(...))`` over
-      :func:`torch.func.functional_call`, then one contraction per parameter tensor.
-      :math:`O(n P)` backward work, :math:`O(n_1 n_2 k^2 P)` contraction, memory
-      :math:`O((n_1 + n_2) k P)` -- or :math:`O(2\\,c\\,k P)` with ``chunk_size=c``
-      (samples per block; the ``x2`` blocks are recomputed for each ``x1`` block).
+    * ``"jacobian"``: explicit per-sample Jacobians, contracted (Novak et al. 2022,
+      "implementation 1"). For the ``weight`` and ``bias`` of every ``nn.Linear``/
+      :class:`NTKLinear` layer the rows :math:`\\partial f_a(x_i)/\\partial W = s_W
+      \\sum_t g_{a,i,t}\\,a_{i,t}^\\top` come from one hooked forward pass (layer inputs
+      :math:`a`) and ``k`` backward passes (output gradients :math:`g`); they are
+      formed a few weight rows at a time (8 MiB blocks) and each block is contracted at
+      once with one GEMM, only the row blocks on and above the diagonal when ``x2`` is
+      None. Every other trainable parameter -- and all of them when the hooks cannot be
+      trusted (a layer's parameter also used outside its ``forward``, detected by
+      comparing gradients; samples folded into a layer's first axis) -- goes through
+      ``torch.func.vmap(jacrev(...))`` over :func:`torch.func.functional_call`.
+      :math:`O(k)` backward passes, :math:`O((n_1 + n_2) k P)` to form and
+      :math:`O(n_1 n_2 k^2 P)` to contract; memory for the per-layer parameters: the
+      recorded activations, two blocks and the result. For the ``torch.func``
+      parameters :math:`O((n_1 + n_2) k P)`, or :math:`O(2\\,c\\,k P)` with
+      ``chunk_size=c`` (samples per block; the ``x2`` blocks are recomputed for each
+      ``x1`` block); ``chunk_size`` does not change the per-layer path.
     * ``"jvp"``: NTK-vector products (the torch.func NTK tutorial; Novak et al. 2022,
       "implementation 2"): for each sample :math:`x_i` and output :math:`a` a VJP gives
       the direction :math:`J_a(x_i)^\\top` and a JVP of the model at ``x2`` along it
       gives the row block :math:`J(x_2) J_a(x_i)^\\top`, i.e. :math:`\\hat\\Theta(x_i, x_2)_{a,:}`.
-      :math:`J(x_2)` is never formed and :math:`J(x_1)` only ``c`` samples at a time
-      (``c = chunk_size``, default 64): memory :math:`O(c k P)`, time
-      :math:`O(n_1 k\\,n_2 P)` (the forward-mode passes) with no contraction over ``P``.
+      The ``c k`` directions of a block of ``c`` samples are formed at once (per layer
+      from the hooked records as in ``"jacobian"``, by ``torch.func.vjp`` for other
+      parameters) and pushed forward together: by a hand-written batched JVP for an
+      ``nn.Sequential`` of linear layers and elementwise activations, by
+      ``vmap(torch.func.jvp)`` otherwise. With ``x2=None`` each block only needs the
+      columns from its own first sample on. :math:`J(x_2)` is never formed and
+      :math:`J(x_1)` only ``c`` samples at a time (``c = chunk_size``, default at most
+      16 for the Sequential JVP and 32 otherwise, fewer if ``c k P`` entries would
+      exceed 1 GiB): memory :math:`O(c k P)`, time :math:`O(n_1 k\\,n_2 P)` (the
+      forward-mode passes) with no contraction over ``P``.
     * ``"gram"``: for an ``nn.Sequential`` of ``nn.Linear``/:class:`NTKLinear` layers and
       elementwise activations. A layer :math:`z_l = s_W A_{l-1} W_l^\\top + s_b b_l`
       contributes :math:`(s_W^2\\, A_{l-1} A'^\\top_{l-1} + s_b^2) \\odot
@@ -345,8 +364,9 @@ def empirical_ntk(
         x1, x2: inputs with the model's dtype and device.
         method: one of ``"auto"``, ``"jacobian"``, ``"jvp"``, ``"gram"``.
         trace_outputs: sum the diagonal output pairs (see above).
-        chunk_size: samples of ``x1`` (and of ``x2`` for ``"jacobian"``) per block;
-            ignored by ``"gram"``.
+        chunk_size: samples of ``x1`` per block for ``"jvp"``, and of ``x1`` and ``x2``
+            for the ``torch.func`` part of ``"jacobian"``; ignored by ``"gram"`` and by
+            the per-layer part of ``"jacobian"`` (bounded by its column blocks).
 
     Raises:
         TypeError: non-module model, non-tensor or integer inputs, dtype different from
