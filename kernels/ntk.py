@@ -1152,14 +1152,18 @@ def _layer_jacobian_ntk(
         s_w, s_b = _layer_scales(pt.module)
         if pt.weight is not None:
             d_out, d_in = r1_[1].shape[-1], r1_[0].shape[-1]
-            rows = max(1, min(d_out, _LAYER_BLOCK_BYTES // max(1, max(n1, n2) * k * d_in * itemsize)))
-            if buf1 is None or buf1.numel() < max(n1, n2) * k * rows * d_in:
-                buf1 = torch.empty(max(n1, n2) * k * rows * d_in, dtype=like.dtype, device=like.device)
+            row_bytes = max(n1, n2) * k * d_in * itemsize
+            rows = max(1, min(d_out, _LAYER_BLOCK_BYTES // max(1, row_bytes)))
+            numel = max(n1, n2) * k * rows * d_in
+            if buf1 is None or buf1.numel() < numel:
+                buf1 = torch.empty(numel, dtype=like.dtype, device=like.device)
                 buf2 = None if sym else torch.empty_like(buf1)
             for o0 in range(0, d_out, rows):
                 o1 = min(o0 + rows, d_out)
                 b1 = _weight_rows(r1_, s_w, o0, o1, 0, n1, buf1).reshape(n_rows, -1)
-                b2 = None if sym else _weight_rows(r2_, s_w, o0, o1, 0, n2, buf2).reshape(n2 * k, -1)
+                b2 = None
+                if not sym:
+                    b2 = _weight_rows(r2_, s_w, o0, o1, 0, n2, buf2).reshape(n2 * k, -1)
                 accumulate(b1, b2)
         if pt.bias is not None and s_b != 0.0:
             b1 = _bias_rows(r1_, s_b, 0, n1).reshape(n_rows, -1)
