@@ -1089,7 +1089,10 @@ def _checked_layer_records(
     except _SampleAxisError:
         return None
     by_name = dict(zip(names, grads))
-    tol = 1e-3 if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-9
+    # The two sums differ only in rounding: about 5e-7 of the largest entry in float32 on
+    # MLPs of width 128-1024 with 64-1024 samples (measured); 1000 eps leaves a wide
+    # margin while a use outside the hooks changes the gradient by far more.
+    tol = min(1000.0 * torch.finfo(x.dtype).eps, 0.05)
     with torch.no_grad():
         for pt, rec in zip(parts, records):
             s_w, s_b = _layer_scales(pt.module)
