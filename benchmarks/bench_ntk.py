@@ -23,7 +23,20 @@ Cases (chapter 1, chapters/01_ntk.ipynb, reads the results file):
     vector; only the FFN's two ``nn.Linear`` layers train (1.18 M parameters), float32.
     Ours: ``linear_gram_ntk`` (the per-layer Gram trick through forward hooks).
     Reference: ``torch.func`` Jacobian contraction (``vmap(jacrev)`` over the sentences,
-    then one contraction per parameter tensor: ``empirical_ntk(method="jacobian")``).
+    then one contraction per parameter tensor: ``kernels.ntk._func_jacobian_ntk``, the
+    generic part of ``empirical_ntk(method="jacobian")``, which takes every parameter
+    here). Also timed, not a goal: ``empirical_ntk(method="jacobian")`` itself, whose
+    per-layer path forms these two layers' Jacobian rows from hooks (``jacobian``).
+
+(d) The GEMM floor of the ``jacobian`` method: :math:`J J^\\top` for a random float32
+    ``J`` of the MLP's Jacobian shape (256 x 559,105), and for one column block of the
+    per-layer path (256 x 8,192), by ``torch.mm`` (MKL here), by oneDNN
+    (``kernels.ntk._gemm_nt``, what ``empirical_ntk`` uses for float32 on the CPU) and
+    by ``jnp.dot`` under ``jax.jit``. Not a goal: it says which GEMM each side runs on.
+
+Every timing worker also reports the process CPU time of ``min(3, repeats)`` more calls
+per implementation (median): on a machine shared with other jobs the wall-clock time
+of a one-thread call includes waits for the core, its CPU time does not.
 
 Threads: every worker runs torch with ``--threads`` threads (default 1) and XLA with
 its Eigen pool off and ``intra_op_parallelism_threads`` set to the same number
@@ -74,8 +87,14 @@ GROUPS = {
     "empirical": ["gram", "jacobian", "jvp", "nt1", "nt2"],
     "kernel32": ["fc_kernel", "nt_kernel_fn"],
     "kernel64": ["fc_kernel", "nt_kernel_fn"],
-    "ffn": ["linear_gram", "funcjac", "fwd_bwd"],
+    "ffn": ["linear_gram", "funcjac", "jacobian", "fwd_bwd"],
+    "gemm": ["torch_full", "onednn_full", "nt_xla_full", "torch_block", "onednn_block",
+             "nt_xla_block"],
 }
+#: Columns of the "block" GEMM shape of case (d): one 8 MiB block of 256 rows.
+GEMM_BLOCK_COLS = 8192
+#: Groups that are only timed (no peak memory, no agreement check).
+TIMING_ONLY = ("gemm",)
 
 
 def _nt_installed() -> bool:
@@ -160,7 +179,30 @@ def build(group: str, impl: str, size: dict[str, int]) -> Callable[[], Any]:
                 return self.inner(flat.reshape(flat.shape[0], *x.shape[1:]))
 
         flat_model, flat_x = Flat(), x.reshape(x.shape[0], -1)
-        return lambda: empirical_ntk(flat_model, flat_x, method="jacobian")
+        if impl == "jacobian":
+            return lambda: empirical_ntk(flat_model, flat_x, method="jacobian")
+        from kernels.ntk import _func_jacobian_ntk
+
+        trainable = {n: prm for n, prm in flat_model.named_parameters() if prm.requires_grad}
+        return lambda: _func_jacobian_ntk(flat_model, trainable, flat_x, None, (), None)
+
+    if group == "gemm":
+        import numpy as np
+
+        cols = _mlp_param_count(size) if impl.endswith("_full") else GEMM_BLOCK_COLS
+        j_np = np.random.RandomState(2).standard_normal((size["n"], cols)).astype("float32")
+        if impl.startswith("nt_xla"):
+            import jax
+
+            dot = jax.jit(lambda a: a @ a.T)
+            jj = jax.numpy.asarray(j_np)
+            return lambda: dot(jj).block_until_ready()
+        j = torch.from_numpy(j_np)
+        if impl.startswith("onednn"):
+            from kernels.ntk import _gemm_nt
+
+            return lambda: _gemm_nt(j, j)
+        return lambda: torch.mm(j, j.T)
 
     if group == "empirical":
         x_np = _inputs(size["n"], size["d"], 0, "float32")
@@ -204,6 +246,12 @@ def build(group: str, impl: str, size: dict[str, int]) -> Callable[[], Any]:
         return out
 
     return run
+
+
+def _mlp_param_count(size: dict[str, int]) -> int:
+    """Parameters of case (a)'s MLP: the column count of its Jacobian."""
+    d, w, depth = size["d"], size["width"], size["depth"]
+    return (d + 1) * w + (depth - 1) * (w + 1) * w + (w + 1)
 
 
 def _nt_mlp(net, size):
@@ -256,9 +304,22 @@ def _agreement(group: str, fns: dict[str, Callable[[], Any]]) -> dict[str, float
 
 
 def worker_time(group: str, size: dict[str, int], repeats: int) -> dict[str, Any]:
+    import statistics
+    import time
+
     fns = {impl: build(group, impl, size) for impl in _groups()[group]}
     timings = time_interleaved(fns, repeats, pause_s=PAUSE_S)
-    return {"timings": timings, "agreement": _agreement(group, fns)}
+    cpu: dict[str, list[float]] = {impl: [] for impl in fns}
+    for _ in range(min(3, repeats)):
+        for impl, fn in fns.items():
+            time.sleep(PAUSE_S)
+            t0 = time.process_time()
+            fn()
+            cpu[impl].append(time.process_time() - t0)
+    for impl, values in cpu.items():
+        timings[impl]["cpu_s"] = statistics.median(values)
+    agreement = {} if group in TIMING_ONLY else _agreement(group, fns)
+    return {"timings": timings, "agreement": agreement}
 
 
 def worker_memory(group: str, impl: str, size: dict[str, int]) -> dict[str, Any]:
@@ -270,6 +331,46 @@ def _versions() -> dict[str, str]:
     import neural_tangents
 
     return {"jax": jax.__version__, "neural_tangents": neural_tangents.__version__}
+
+
+def _limits_line(timings: dict[str, Any], size: dict[str, int], nt_ok: bool) -> str:
+    """The ``jacobian``/``jvp`` comparison with NT and the GEMM rates behind it."""
+    if "gemm" not in timings:
+        return "limits: no GEMM timings"
+    g = timings["gemm"]["timings"]
+    n, p = size["n"], _mlp_param_count(size)
+
+    def rate(impl: str, cols: int) -> str:
+        if impl not in g:
+            return f"{impl} not run"
+        t = g[impl]["median_s"]
+        return f"{impl} {1e3 * t:.1f} ms = {2 * n * n * cols / t / 1e9:.0f} GFLOP/s"
+
+    parts = [
+        f"limits: GEMM J J^T (float32, one thread, medians): full ({n} x {p}): "
+        + "; ".join(rate(i, p) for i in ("torch_full", "onednn_full", "nt_xla_full"))
+        + f"; block ({n} x {GEMM_BLOCK_COLS}): "
+        + "; ".join(rate(i, GEMM_BLOCK_COLS) for i in ("torch_block", "onednn_block", "nt_xla_block"))
+        + "."
+    ]
+    if "onednn_block" in g:
+        floor = 5 / 8 * p / GEMM_BLOCK_COLS * g["onednn_block"]["min_s"]
+        parts.append(
+            f" The 'jacobian' method contracts 5/8 of J J^T (row blocks on and above the "
+            f"diagonal) in blocks of about {n} x {GEMM_BLOCK_COLS}: at the fastest oneDNN block "
+            f"time (min, the uncontended cost) that alone takes {1e3 * floor:.0f} ms; NT "
+            f"implementation 1 contracts all of it with XLA's GEMM."
+        )
+    emp = timings.get("empirical", {}).get("timings", {})
+    if nt_ok and emp:
+        for ours, ref in (("jacobian", "nt1"), ("jvp", "nt2")):
+            o, r = emp[ours], emp[ref]
+            parts.append(
+                f" {ours}: {1e3 * o['median_s']:.0f} ms wall / {1e3 * o['cpu_s']:.0f} ms CPU vs "
+                f"NT implementation {ref[-1]} {1e3 * r['median_s']:.0f} / {1e3 * r['cpu_s']:.0f} ms "
+                f"({r['median_s'] / o['median_s']:.2f}x wall, {r['cpu_s'] / o['cpu_s']:.2f}x CPU)."
+            )
+    return "".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     peaks: dict[tuple[str, str], Any] = {}
     for group, impls in groups.items():
+        if group in TIMING_ONLY:
+            continue
         env = x64 if group == "kernel64" else threads_env
         for impl in impls:
             print(f"peak memory {group}/{impl} ...", flush=True)
@@ -395,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         "ours": "linear_gram_ntk",
         "ours_s": ours_s,
         "ours_iqr_s": t["linear_gram"].get("iqr_s"),
-        "ref": "torch.func Jacobian contraction (vmap(jacrev); empirical_ntk method='jacobian')",
+        "ref": "torch.func Jacobian contraction (vmap(jacrev), one contraction per parameter tensor)",
         "ref_s": ref_s,
         "ref_iqr_s": t["funcjac"].get("iqr_s"),
         "speedup": ref_s / ours_s,
@@ -412,7 +515,9 @@ def main(argv: list[str] | None = None) -> int:
         f"linear_gram_ntk takes {ours_s / floor_s:.2f} such passes. At {size['ffn_tokens']} tokens the "
         "token-pair Gram costs T^2 (d_in + d_out) multiply-adds per sentence pair and layer, about the "
         "d_in d_out of contracting per-sentence gradients, so the Gram trick saves the per-sample Jacobians "
-        "(memory) and their formation, not the quadratic term."
+        "(memory) and their formation, not the quadratic term. "
+        f"empirical_ntk(method='jacobian') itself, whose per-layer path forms the two layers' "
+        f"per-sentence Jacobian rows from hooks, takes {1e3 * t['jacobian']['median_s']:.1f} ms."
     )
 
     compile_lines = []
@@ -420,8 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         for impl, tt in res["timings"].items():
             compile_lines.append(
                 f"| {group} | {impl} | {tt['first_s']:.3f} | {tt['median_s']:.4f} "
-                f"| {tt['min_s']:.4f} |"
+                f"| {tt['min_s']:.4f} | {tt['cpu_s']:.4f} |"
             )
+    limits = _limits_line(timings, size, nt_ok)
     agree_lines = [
         f"| {group} | {impl} | {err:.1e} |"
         for group, res in timings.items()
@@ -440,10 +546,13 @@ def main(argv: list[str] | None = None) -> int:
         "other at every op), so the fast paths' medians are pessimistic there; the "
         "minima below show the uncontended cost.",
         "",
-        "First call (warm-up; jit compilation for neural-tangents) and steady state, seconds:",
+        limits,
         "",
-        "| group | implementation | first call | median | min |",
-        "|---|---|---|---|---|",
+        "First call (warm-up; jit compilation for neural-tangents) and steady state, seconds "
+        "(wall clock; CPU: median process CPU time of further calls):",
+        "",
+        "| group | implementation | first call | median | min | CPU |",
+        "|---|---|---|---|---|---|",
         *compile_lines,
         "",
         "Agreement on the benchmark inputs (max relative difference from neural-tangents "
@@ -465,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(rows))
     print()
     print(notes)
+    print()
+    print(limits)
 
     out_dir = args.out if args.out is not None else (None if args.quick else RESULTS_DIR)
     if out_dir is None:

@@ -653,6 +653,184 @@ def test_empirical_ntk_float32_matches_float64():
         assert rel_err(got, ref) < 1e-5
 
 
+# ---- per-layer paths of "jacobian" and "jvp" ------------------------------------------
+
+
+def func_jacobian_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """(n1, n2, k, k) NTK from torch.func per-sample Jacobians of *all* trainable
+    parameters, written here independently of kernels.ntk (no hooks, no per-layer rows)."""
+    from torch.func import functional_call, jacrev, vmap
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+    def f(p, x):
+        return functional_call(model, p, (x[None],)).reshape(-1)  # (k,)
+
+    def rows(x):
+        jac = vmap(jacrev(f), in_dims=(None, 0))(params, x)
+        return torch.cat([jac[n].reshape(x.shape[0], jac[n].shape[1], -1) for n in names], -1)
+
+    return torch.einsum("iap,jbp->ijab", rows(x1), rows(x2)).detach()
+
+
+def as_4d(theta: torch.Tensor) -> torch.Tensor:
+    return theta[:, :, None, None] if theta.ndim == 2 else theta
+
+
+class _Spy:
+    """Replaces kernels.ntk._func_jacobian_ntk and records the parameter names it got."""
+
+    def __init__(self, monkeypatch):
+        import kernels.ntk as ntk_module
+
+        self.calls: list[list[str]] = []
+        original = ntk_module._func_jacobian_ntk
+
+        def spy(model, params, *args, **kwargs):
+            self.calls.append(sorted(params))
+            return original(model, params, *args, **kwargs)
+
+        monkeypatch.setattr(ntk_module, "_func_jacobian_ntk", spy)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("out_dim", [1, 3])
+@pytest.mark.parametrize("layer", ["linear", "ntk"])
+def test_per_layer_jacobian_and_jvp_match_torch_func_float64(bias, out_dim, layer, monkeypatch):
+    torch.manual_seed(3)
+    if layer == "linear":
+        net = nn.Sequential(nn.Linear(4, 9, bias=bias), nn.Tanh(), nn.Linear(9, 7, bias=bias),
+                            nn.GELU(), nn.Linear(7, out_dim, bias=bias)).to(F64)
+    else:
+        kw = dict(W_std=1.4, b_std=0.3, bias=bias, dtype=F64)
+        net = nn.Sequential(NTKLinear(4, 9, generator=gen(1), **kw), Erf(),
+                            NTKLinear(9, out_dim, generator=gen(2), **kw))
+    x1, x2 = randn(7, 4, seed=10), randn(5, 4, seed=11)
+    spy = _Spy(monkeypatch)
+    for second in (x2, None):
+        ref = func_jacobian_ntk(net, x1, x1 if second is None else second)
+        for method in ("jacobian", "jvp"):
+            for chunk in (None, 3):  # 3: a last block smaller than the others
+                got = as_4d(empirical_ntk(net, x1, second, method=method, chunk_size=chunk))
+                torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
+    assert spy.calls == []  # every parameter took the per-layer path
+
+
+class _TokenModel(nn.Module):
+    """(n, T*d) -> (n, k): a linear layer over T tokens, called twice, mean-pooled."""
+
+    def __init__(self, d=3, t=4, k=2):
+        super().__init__()
+        self.d, self.t = d, t
+        self.mix = nn.Linear(d, d)
+        self.out = nn.Linear(d, k)
+
+    def forward(self, x):
+        h = x.reshape(x.shape[0], self.t, self.d)
+        h = torch.tanh(self.mix(torch.tanh(self.mix(h))))
+        return self.out(h.mean(1))
+
+
+class _HiddenUse(nn.Module):
+    """Uses fc.weight a second time outside fc's forward: hooks cannot see that use."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.out = nn.Linear(3, 1)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc(x))
+        return self.out(torch.nn.functional.linear(h, self.fc.weight)).squeeze(-1)
+
+
+class _FoldedSamples(nn.Module):
+    """A linear layer sees 2n rows for n samples (samples folded into the first axis)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pair = nn.Linear(2, 3)
+        self.out = nn.Linear(6, 1)
+
+    def forward(self, x):
+        h = torch.tanh(self.pair(x.reshape(-1, 2)))
+        return self.out(h.reshape(x.shape[0], 6))
+
+
+class _GainAndUnused(nn.Module):
+    """A trainable non-linear parameter (a gain), a LayerNorm, and a layer never called."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 5)
+        self.norm = nn.LayerNorm(5)
+        self.unused = nn.Linear(5, 5)
+        self.gain = nn.Parameter(torch.tensor(1.3))
+        self.out = nn.Linear(5, 2)
+
+    def forward(self, x):
+        return self.out(self.gain * self.norm(torch.relu(self.fc(x))))
+
+
+@pytest.mark.parametrize(
+    "make, fallback",
+    [
+        (_TokenModel, []),  # several tokens and calls: the batched-matmul rows
+        (_reused_layer_net, []),  # one layer called twice
+        (_tied_weight_net, ["0.weight"]),  # a weight held by two layers: torch.func
+        (_GainAndUnused, ["gain", "norm.bias", "norm.weight"]),
+        (_HiddenUse, ["fc.bias", "fc.weight", "out.bias", "out.weight"]),  # check fails
+        (_FoldedSamples, ["out.bias", "out.weight", "pair.bias", "pair.weight"]),
+    ],
+)
+def test_per_layer_paths_on_irregular_models(make, fallback, monkeypatch):
+    torch.manual_seed(4)
+    model = make().to(F64)
+    d = 12 if make is _TokenModel else (4 if make is _FoldedSamples else 3)
+    x1, x2 = randn(6, d, seed=12), randn(4, d, seed=13)
+    ref = naive_ntk(model, x1, x2)
+    ref_sym = naive_ntk(model, x1, x1)
+    spy = _Spy(monkeypatch)
+    for method in ("jacobian", "jvp"):
+        torch.testing.assert_close(as_4d(empirical_ntk(model, x1, x2, method=method)), ref,
+                                   rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(as_4d(empirical_ntk(model, x1, method=method)), ref_sym,
+                                   rtol=1e-10, atol=1e-12)
+    # "jacobian" hands torch.func exactly the parameters the per-layer path cannot take
+    # (x1 and x2 together, then x1 alone); "jvp" never calls it.
+    assert spy.calls == ([fallback] * 2 if fallback else [])
+
+
+def test_frozen_weight_trainable_bias_and_zero_bias_scale():
+    net = fc_network(3, 6, 2, 2, b_std=0.0, generator=gen(5))  # biases trainable, scale 0
+    net[2].weight.requires_grad_(False)
+    x1, x2 = randn(5, 3, seed=14), randn(3, 3, seed=15)
+    ref = naive_ntk(net, x1, x2)
+    for method in ("jacobian", "jvp"):
+        torch.testing.assert_close(empirical_ntk(net, x1, x2, method=method), ref,
+                                   rtol=1e-10, atol=1e-12)
+
+
+def test_per_layer_paths_float32_match_float64():
+    # float32 on the CPU contracts through oneDNN when torch has it: a different GEMM,
+    # the same product up to float32 rounding.
+    for make in (lambda: fc_network(6, 96, 2, 2, b_std=0.1, generator=gen(6)),
+                 lambda: _TokenModel(d=6, t=3).to(F64)):
+        torch.manual_seed(6)
+        model = make()
+        d = 18 if isinstance(model, _TokenModel) else 6
+        x1, x2 = randn(70, d, seed=16), randn(9, d, seed=17)
+        ref, ref_sym = naive_ntk(model, x1, x2), func_jacobian_ntk(model, x1, x1)
+        model32 = model.float()
+        for method in ("jacobian", "jvp"):
+            got = empirical_ntk(model32, x1.float(), x2.float(), method=method)
+            sym = empirical_ntk(model32, x1.float(), method=method)
+            assert got.dtype == torch.float32
+            assert rel_err(got, ref) < 2e-5 and rel_err(sym, ref_sym) < 2e-5
+            torch.testing.assert_close(sym, sym.transpose(0, 1).transpose(2, 3))
+
+
 @pytest.mark.parametrize(
     "device",
     [
