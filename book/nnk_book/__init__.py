@@ -5,15 +5,30 @@ chapter: seeded generators and result recording (:mod:`nnk_book.results`), the b
 figure style and its legibility check (:mod:`nnk_book.figures`), and widgets whose
 figures are drawn at execution time so that they work in the static HTML book, where
 there is no kernel (:mod:`nnk_book.widgets`), readers of committed benchmark results
-and recorded paper-scale runs (:mod:`nnk_book.records`), and atomic file writes
-(:mod:`nnk_book.files`).
+and recorded paper-scale runs (:mod:`nnk_book.records`), atomic file writes
+(:mod:`nnk_book.files`), and the fine-tuning plumbing of chapters 6 and 7: the frozen
+encoder's tail from cached attention states, mean pooling, the training loop with its
+warm-up/decay schedule, the convergence criterion and smoothed loss curves
+(:mod:`nnk_book.training`).
 
 This package belongs to the book, not to the method library: ``kernels`` never imports
 it. It is installed with the project (``pip install -e .``), so a notebook needs no
 ``sys.path`` edits.
 """
 
-from nnk_book.stats import intervals_separate, mean_interval
+from nnk_book.stats import format_interval, intervals_separate, mean_interval, verdict
+from nnk_book.training import (
+    attention_output,
+    converged,
+    encoder_tail,
+    hidden_states,
+    mean_pool,
+    plot_smoothed,
+    random_batches,
+    smooth,
+    train_loop,
+    warmup_linear_decay,
+)
 from nnk_book.records import bench_results, machine_line, paper_scale_rows, recorded_run, show_recorded_run
 from nnk_book.figures import FigureLegibilityError, check_legible, figure_png, use_book_style
 from nnk_book.results import Recorder, configure_torch, generator, html_table, plain
@@ -23,19 +38,31 @@ __all__ = [
     "Choice",
     "FigureLegibilityError",
     "Recorder",
+    "attention_output",
     "bench_results",
-    "machine_line",
-    "paper_scale_rows",
-    "recorded_run",
-    "show_recorded_run",
     "check_legible",
     "configure_torch",
+    "converged",
+    "encoder_tail",
     "figure_explorer",
     "figure_png",
+    "format_interval",
     "generator",
+    "hidden_states",
     "html_table",
     "intervals_separate",
+    "machine_line",
     "mean_interval",
+    "mean_pool",
+    "paper_scale_rows",
     "plain",
+    "plot_smoothed",
+    "random_batches",
+    "recorded_run",
+    "show_recorded_run",
+    "smooth",
+    "train_loop",
     "use_book_style",
+    "verdict",
+    "warmup_linear_decay",
 ]

@@ -52,3 +52,20 @@ def _as_interval(x: Union[Interval, Sequence[float]]) -> Interval:
     if isinstance(x, tuple) and len(x) == 2:
         return float(x[0]), float(x[1])
     return mean_interval(x)
+
+
+def verdict(a: Sequence[float], b: Sequence[float], higher_is_better: bool = True) -> str:
+    """``'ahead'`` or ``'behind'`` for the values ``a`` (per seed) against ``b`` when their 95 %
+    intervals separate (:func:`intervals_separate`), else ``'tied'``. ``higher_is_better``
+    says which direction is ahead (accuracy: True; errors, losses: False)."""
+    a, b = list(a), list(b)
+    if not intervals_separate(a, b):
+        return "tied"
+    return "ahead" if (float(np.mean(a)) > float(np.mean(b))) == bool(higher_is_better) else "behind"
+
+
+def format_interval(values: Sequence[float], spec: str) -> str:
+    """``"mean ± half-width"`` of :func:`mean_interval`, both formatted with ``spec`` (such as
+    ``".3f"``); one value has no interval and shows a half-width of 0."""
+    mean, half = mean_interval(values)
+    return f"{mean:{spec}} ± {0.0 if math.isnan(half) else half:{spec}}"
