@@ -277,6 +277,9 @@ def test_verdict_follows_the_interval_overlap() -> None:
     assert nnk_book.verdict(high, low, higher_is_better=False) == "behind"  # errors: lower is ahead
     assert nnk_book.verdict(high, near) == "tied"
     assert nnk_book.verdict([0.9], [0.1]) == "tied"  # one seed: no interval, no ordering
+    # two seeds give an interval, and these two separate, but the book orders only from 3 seeds
+    assert nnk_book.intervals_separate([0.90, 0.91], [0.10, 0.11])
+    assert nnk_book.verdict([0.90, 0.91], [0.10, 0.11]) == "tied"
 
 
 # --- nnk_book.training: convergence, smoothing, schedule, loop -----------------------------

@@ -54,12 +54,17 @@ def _as_interval(x: Union[Interval, Sequence[float]]) -> Interval:
     return mean_interval(x)
 
 
+#: The fewest seeds per method for which :func:`verdict` may claim an ordering.
+MIN_SEEDS = 3
+
+
 def verdict(a: Sequence[float], b: Sequence[float], higher_is_better: bool = True) -> str:
-    """``'ahead'`` or ``'behind'`` for the values ``a`` (per seed) against ``b`` when their 95 %
-    intervals separate (:func:`intervals_separate`), else ``'tied'``. ``higher_is_better``
-    says which direction is ahead (accuracy: True; errors, losses: False)."""
+    """``'ahead'`` or ``'behind'`` for the values ``a`` (per seed) against ``b`` when both have
+    at least :data:`MIN_SEEDS` values and their 95 % intervals separate
+    (:func:`intervals_separate`), else ``'tied'``. ``higher_is_better`` says which direction
+    is ahead (accuracy: True; errors, losses: False)."""
     a, b = list(a), list(b)
-    if not intervals_separate(a, b):
+    if min(len(a), len(b)) < MIN_SEEDS or not intervals_separate(a, b):
         return "tied"
     return "ahead" if (float(np.mean(a)) > float(np.mean(b))) == bool(higher_is_better) else "behind"
 
