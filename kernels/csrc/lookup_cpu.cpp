@@ -667,12 +667,99 @@ void accumulate_tile(const typename R::S* __restrict tables, const int64_t* __re
   }
 }
 
-// The kinds of table storage as one callable: acc(offsets, weights, ntok, h, d, y).
+#if defined(__AVX512F__)
+#ifndef GATHER_COLUMNS
+#define GATHER_COLUMNS 128
+#endif
+#ifndef GATHER_PREFETCH
+#define GATHER_PREFETCH 48
+#endif
+// Columns per pass of the column-blocked gather (a multiple of 16), and its prefetch
+// distance in (token, table) pairs.
+constexpr int kGatherColumns = GATHER_COLUMNS;
+constexpr int64_t kGatherPrefetch = GATHER_PREFETCH;
+
+// The gather of ntok tokens, column block by column block (float compute, AVX-512):
+// y[t, c0 : c0 + 16 CV] = sum_k weights[t h + k] tables[offsets[t h + k] + c0 : + 16 CV]
+// for every t, the CV partial-sum vectors in registers for the whole sum over k (no
+// loads or stores of y inside it), the products added in the order k = 0, 1, ...
+//
+// Why by column blocks: a pass over all tokens reads only columns [c0, c0 + 16 CV) of
+// every table row -- a slice of h 2^tau 16 CV entries (16 MiB at (256, 8), fp16, 128
+// columns) that stays in the L3 for the whole pass, whereas the whole tables (64 MiB) do
+// not: each table entry the tokens of one pass touch comes from memory about once, and
+// every later token that reads the same row reads it from the L3 -- in principle. Measured
+// (32768 tokens, (256, 8, 64), fp16, 1 thread, machine load ~2.8): 128 columns 291 ms
+// against 346 ms before the prefetch distance went from 16 to 48 pairs, 64 columns 516 ms,
+// and the row-by-row gather (accumulate_tile, y in L1) 305-320 ms; with every row in the
+// L2 (codes % 4) the same gather takes ~130 ms, so about 160 ms of the 291 are waiting
+// for rows that miss the L2. Transparent huge pages for the tables changed nothing
+// (311 against 321 ms): not TLB misses.
+template <typename R, int CV>
+void gather_column_block(const typename R::S* __restrict tables,
+                         const int64_t* __restrict offsets, const float* __restrict weights,
+                         int64_t ntok, int64_t h, int64_t d, int64_t c0, float* __restrict y) {
+  using S = typename R::S;
+  constexpr int64_t bytes = 16 * CV * int64_t(sizeof(S));
+  const int64_t total = ntok * h;
+  for (int64_t p = 0; p < std::min(kGatherPrefetch, total); ++p)
+    prefetch_bytes(tables + offsets[p] + c0, bytes);
+  for (int64_t t = 0; t < ntok; ++t) {
+    __m512 acc[CV];
+#pragma GCC unroll 8
+    for (int v = 0; v < CV; ++v) acc[v] = _mm512_setzero_ps();
+    const int64_t* __restrict off = offsets + t * h;
+    const float* __restrict w = weights + t * h;
+    const int64_t ahead = std::min(h, total - t * h - kGatherPrefetch);
+    for (int64_t k = 0; k < h; ++k) {
+      if (k < ahead) prefetch_bytes(tables + off[k + kGatherPrefetch] + c0, bytes);
+      NNK_ASSERT(off[k] >= 0, "negative row offset ", off[k], " for table ", k);
+      const S* __restrict row = tables + off[k] + c0;
+      const __m512 wv = _mm512_set1_ps(w[k]);
+#pragma GCC unroll 8
+      for (int v = 0; v < CV; ++v) acc[v] = _mm512_fmadd_ps(wv, R::load16(row + 16 * v), acc[v]);
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < CV; ++v) _mm512_storeu_ps(y + t * d + c0 + 16 * v, acc[v]);
+  }
+}
+
+template <typename R>
+void gather_columns(const typename R::S* tables, const int64_t* offsets, const float* weights,
+                    int64_t ntok, int64_t h, int64_t d, float* y) {
+  static_assert(kGatherColumns % 16 == 0 && kGatherColumns >= 16 && kGatherColumns <= 128,
+                "GATHER_COLUMNS must be 16, 32, .., 128");
+  int64_t c0 = 0;
+  for (; c0 + kGatherColumns <= d; c0 += kGatherColumns)
+    gather_column_block<R, kGatherColumns / 16>(tables, offsets, weights, ntok, h, d, c0, y);
+  for (; c0 + 16 <= d; c0 += 16)
+    gather_column_block<R, 1>(tables, offsets, weights, ntok, h, d, c0, y);
+  if (c0 < d) {  // the last d % 16 columns
+    for (int64_t t = 0; t < ntok; ++t)
+      for (int64_t c = c0; c < d; ++c) {
+        float a = 0.0f;
+        for (int64_t k = 0; k < h; ++k)
+          a += weights[t * h + k] * R::widen(tables[offsets[t * h + k] + c]);
+        y[t * d + c] = a;
+      }
+  }
+}
+#endif  // __AVX512F__
+
+// The kinds of table storage as one callable: acc(offsets, weights, ntok, h, d, y), the
+// gather of ntok tokens (column-blocked with AVX-512 and float compute, else token by
+// token with rows added four at a time).
 template <typename T, typename R>
 struct Tables {
   const typename R::S* tables;
   void operator()(const int64_t* offsets, const T* weights, int64_t ntok, int64_t h, int64_t d,
                   T* y) const {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same<T, float>::value) {
+      gather_columns<R>(tables, offsets, weights, ntok, h, d, y);
+      return;
+    }
+#endif
     accumulate_tile<T, R>(tables, offsets, weights, ntok, h, d, y);
   }
 };
@@ -756,17 +843,27 @@ inline void token_codes_weights(const T* __restrict z, T* __restrict expo,
 // at d_pad = 512) and its soft codes (48 x h tau, 384 KiB at h tau = 2048) within the
 // 1 MiB L2 while each 64 x 64 block of the projection (16 KiB, L1) is reused by 48 tokens.
 constexpr int64_t kTile = 48;
+#ifndef SUPER_TILE
+#define SUPER_TILE 480
+#endif
+// Tokens whose codes are gathered together (a multiple of kTile), 1.4 MiB of offsets and
+// weights at h = 256. Measured at (256, 8, 64), fp16 (load ~2.8): 480 and 2016 tokens gave
+// the same gather time (289 / 291 ms), so the reuse of rows within a column pass that
+// larger super-tiles would add is not what limits it; the smaller buffer is kept.
+constexpr int64_t kSuperTile = SUPER_TILE;
+static_assert(kSuperTile % kTile == 0, "SUPER_TILE must be a multiple of kTile");
 
 template <typename T, typename Acc>
 void lookup_tokens(const T* z, const Acc& acc, T* y, int64_t n, int64_t h, int64_t tau,
                    int64_t d, bool scaled) {
   const int64_t ht = h * tau;
-  const int64_t tiles = (n + kTile - 1) / kTile;
+  const int64_t tiles = (n + kSuperTile - 1) / kSuperTile;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> expo(ht), weights(kTile * h);
-    std::vector<int64_t> codes(kTile * h);
+    const int64_t cap = std::min(kSuperTile, n);
+    std::vector<T> expo(ht), weights(cap * h);
+    std::vector<int64_t> codes(cap * h);
     for (int64_t tile = begin; tile < end; ++tile) {
-      const int64_t t_first = tile * kTile, count = std::min<int64_t>(kTile, n - t_first);
+      const int64_t t_first = tile * kSuperTile, count = std::min<int64_t>(kSuperTile, n - t_first);
       for (int64_t t = 0; t < count; ++t)
         token_codes_weights<T>(z + (t_first + t) * ht, expo.data(), codes.data() + t * h,
                                weights.data() + t * h, h, tau, d, scaled);
@@ -978,21 +1075,26 @@ void lookup_bh_tokens(const T* x, const T* blocks, const Acc& acc, T* y, int64_t
                       int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
                       int64_t h, int64_t tau, int64_t d, bool scaled) {
   const int64_t ht = h * tau;
-  const int64_t tiles = (n + kTile - 1) / kTile;
+  const int64_t supers = (n + kSuperTile - 1) / kSuperTile;
   const T scale = T(1) / std::sqrt(T(dp));
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, supers, 1, [&](int64_t begin, int64_t end) {
+    const int64_t cap = std::min(kSuperTile, n);
     std::vector<T> cur(kTile * dp), tmp(kTile * dp), z(kTile * ht);
-    std::vector<T> expo(ht), weights(kTile * h);
-    std::vector<int64_t> codes(kTile * h);
-    for (int64_t tile = begin; tile < end; ++tile) {
-      const int64_t t_first = tile * kTile;
-      const int64_t count = std::min<int64_t>(kTile, n - t_first);
-      bh_project_tile<T>(x + t_first * d_in, blocks, cur.data(), tmp.data(), z.data(), count,
-                         d_in, m, copies, dp, b, ht, ht, scale);
-      for (int64_t t = 0; t < count; ++t)
-        token_codes_weights<T>(z.data() + t * ht, expo.data(), codes.data() + t * h,
-                               weights.data() + t * h, h, tau, d, scaled);
-      acc(codes.data(), weights.data(), count, h, d, y + t_first * d);
+    std::vector<T> expo(ht), weights(cap * h);
+    std::vector<int64_t> codes(cap * h);
+    for (int64_t super = begin; super < end; ++super) {
+      const int64_t s_first = super * kSuperTile;
+      const int64_t s_count = std::min<int64_t>(kSuperTile, n - s_first);
+      // the hash of the super-tile, kTile tokens at a time: codes and weights
+      for (int64_t t0 = 0; t0 < s_count; t0 += kTile) {
+        const int64_t count = std::min<int64_t>(kTile, s_count - t0);
+        bh_project_tile<T>(x + (s_first + t0) * d_in, blocks, cur.data(), tmp.data(), z.data(),
+                           count, d_in, m, copies, dp, b, ht, ht, scale);
+        for (int64_t t = 0; t < count; ++t)
+          token_codes_weights<T>(z.data() + t * ht, expo.data(), codes.data() + (t0 + t) * h,
+                                 weights.data() + (t0 + t) * h, h, tau, d, scaled);
+      }
+      acc(codes.data(), weights.data(), s_count, h, d, y + s_first * d);
     }
   });
 }
@@ -1014,6 +1116,42 @@ torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor&
     using T = decltype(zero);
     lookup_bh_tokens<T>(x.data_ptr<T>(), blocks.data_ptr<T>(), acc, y.data_ptr<T>(), n, d_in,
                         m, copies, dp, b, h, tau, d, scaled);
+  });
+  return y;
+}
+
+// The fused kernel without its gather (the benchmark's "hash" step: projection, codes and
+// weights exactly as lookup_bh_forward_cpu computes them, same tiles and buffers): the
+// gather is replaced by a sum of the weights and offsets written to the first entry of
+// each super-tile's output (so that nothing is optimised away); the rest of y is left
+// uninitialised. The fused time minus this time is what the gather costs inside it.
+template <typename T>
+struct HashOnly {
+  void operator()(const int64_t* offsets, const T* weights, int64_t ntok, int64_t h, int64_t d,
+                  T* y) const {
+    (void)d;
+    T s = T(0);
+    for (int64_t i = 0; i < ntok * h; ++i) s += weights[i] + T(offsets[i] & 1);
+    y[0] = s;
+  }
+};
+
+torch::Tensor lookup_bh_hash_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
+                                 const torch::Tensor& tables, int64_t tau, bool scaled) {
+  check_float_cpu(x, "x", 2);
+  NNK_ARG(check_lookup_tables(tables, x.scalar_type()) == tau,
+          "tables must have 2^tau = 2^", tau, " rows");
+  check_bh(x, blocks, tables.size(0) * tau);
+  const int64_t n = x.size(0), d_in = x.size(1);
+  const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
+  const int64_t dp = blocks.size(2) * b;
+  const int64_t h = tables.size(0), d = tables.size(2);
+  auto y = torch::empty({n, d}, x.options());
+  if (n == 0) return y;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lookup_bh_hash_cpu", [&] {
+    using T = scalar_t;
+    lookup_bh_tokens<T>(x.data_ptr<T>(), blocks.data_ptr<T>(), HashOnly<T>{}, y.data_ptr<T>(),
+                        n, d_in, m, copies, dp, b, h, tau, d, scaled);
   });
   return y;
 }
@@ -1052,11 +1190,11 @@ torch::Tensor bh_project_cpu(const torch::Tensor& x, const torch::Tensor& blocks
 template <typename T, typename Acc>
 void gather_tokens(const int64_t* codes, const T* weights, const Acc& acc, T* y, int64_t n,
                    int64_t h, int64_t rows_per_table, int64_t d) {
-  const int64_t tiles = (n + kTile - 1) / kTile;
+  const int64_t tiles = (n + kSuperTile - 1) / kSuperTile;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> offsets(kTile * h);
+    std::vector<int64_t> offsets(std::min(kSuperTile, n) * h);
     for (int64_t tile = begin; tile < end; ++tile) {
-      const int64_t t_first = tile * kTile, count = std::min<int64_t>(kTile, n - t_first);
+      const int64_t t_first = tile * kSuperTile, count = std::min<int64_t>(kSuperTile, n - t_first);
       for (int64_t i = 0; i < count * h; ++i) {
         const int64_t code = codes[t_first * h + i], k = i % h;
         NNK_ASSERT(code >= 0 && code < rows_per_table, "code ", code, " of table ", k,
@@ -1111,6 +1249,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("z"), pybind11::arg("tables"), pybind11::arg("scaled"));
   m.def("lookup_bh_forward", &lookup_bh_forward_cpu,
         "Fully fused BH-m LookupFFN inference: projection, codes, weights, gather",
+        pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("tables"),
+        pybind11::arg("tau"), pybind11::arg("scaled"));
+  m.def("lookup_bh_hash", &lookup_bh_hash_cpu,
+        "lookup_bh_forward without the gather (timing only; the output is not the layer's)",
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("tables"),
         pybind11::arg("tau"), pybind11::arg("scaled"));
   m.def("bh_project", &bh_project_cpu, "BH-m projection of the rows of x (tiles as fused)",
