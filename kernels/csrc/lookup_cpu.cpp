@@ -445,10 +445,14 @@ struct HugePageAllocator final : c10::Allocator {
 };
 #endif
 
-// An uninitialised tensor shaped like x (contiguous); huge-page backed from 32 MiB on.
-inline torch::Tensor empty_output_like(const torch::Tensor& x) {
+// An uninitialised contiguous tensor of `sizes` and `dtype`; huge-page backed from 32 MiB on
+// (also the fused LookupFFN's output: 64 MiB at 32768 tokens x 512, whose 4 KiB page
+// faults cost about 40 ms of a 0.5 s call).
+inline torch::Tensor empty_output(c10::IntArrayRef sizes, c10::ScalarType dtype) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  const size_t nbytes = size_t(x.numel()) * x.element_size();
+  size_t numel = 1;
+  for (const int64_t s : sizes) numel *= size_t(s);
+  const size_t nbytes = numel * c10::elementSize(dtype);
   // From 32 MiB, glibc's largest mmap threshold: every such allocation is a fresh mapping
   // (its pages faulted in on first touch), while smaller ones are reused from the heap
   // after the first call, which huge pages would only slow (measured: 8-16 MiB outputs
@@ -457,12 +461,17 @@ inline torch::Tensor empty_output_like(const torch::Tensor& x) {
     static HugePageAllocator allocator;
     c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, &allocator,
                          /*resizable=*/true);
-    return torch::empty({0}, x.options()).set_(std::move(storage), 0, x.sizes(), x.strides());
+    return torch::empty({0}, torch::dtype(dtype)).set_(std::move(storage), 0, sizes,
+                                                        c10::contiguous_strides(sizes));
   }
 #endif
   // at::detail::empty_cpu skips the dispatcher: about half a microsecond less per call,
   // which is a third of a short row's whole call (batch 1 in benchmarks/bench_fwht.py).
-  return at::Tensor(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  return at::Tensor(at::detail::empty_cpu(sizes, dtype));
+}
+
+inline torch::Tensor empty_output_like(const torch::Tensor& x) {
+  return empty_output(x.sizes(), x.scalar_type());
 }
 
 torch::Tensor fwht_cpu(const torch::Tensor& x, bool normalized) {
@@ -672,11 +681,18 @@ void accumulate_tile(const typename R::S* __restrict tables, const int64_t* __re
 #define GATHER_COLUMNS 128
 #endif
 #ifndef GATHER_PREFETCH
-#define GATHER_PREFETCH 48
+#define GATHER_PREFETCH 64
+#endif
+#ifndef GATHER_PREFETCH_HINT
+#define GATHER_PREFETCH_HINT 2
 #endif
 // Columns per pass of the column-blocked gather (a multiple of 16), and its prefetch
 // distance in (token, table) pairs.
 constexpr int kGatherColumns = GATHER_COLUMNS;
+#ifndef GATHER_BY_COLUMNS
+#define GATHER_BY_COLUMNS 1
+#endif
+constexpr bool kGatherByColumns = GATHER_BY_COLUMNS;
 constexpr int64_t kGatherPrefetch = GATHER_PREFETCH;
 
 // The gather of ntok tokens, column block by column block (float compute, AVX-512):
@@ -689,11 +705,11 @@ constexpr int64_t kGatherPrefetch = GATHER_PREFETCH;
 // columns) that stays in the L3 for the whole pass, whereas the whole tables (64 MiB) do
 // not: each table entry the tokens of one pass touch comes from memory about once, and
 // every later token that reads the same row reads it from the L3 -- in principle. Measured
-// (32768 tokens, (256, 8, 64), fp16, 1 thread, machine load ~2.8): 128 columns 291 ms
-// against 346 ms before the prefetch distance went from 16 to 48 pairs, 64 columns 516 ms,
-// and the row-by-row gather (accumulate_tile, y in L1) 305-320 ms; with every row in the
-// L2 (codes % 4) the same gather takes ~130 ms, so about 160 ms of the 291 are waiting
-// for rows that miss the L2. Transparent huge pages for the tables changed nothing
+// (32768 tokens, (256, 8, 64), fp16, 1 thread, machine load ~3, CPU-time minima of 5):
+// 128 columns with prefetch 16 pairs ahead into L1: 346 ms, 48 ahead: 291 ms, 64 ahead into
+// L2 (prefetcht1): 247 ms (96 and 128 ahead the same); 64 columns 516 ms; the row-by-row
+// gather (accumulate_tile, y in L1) 341-364 ms in the same run. With every row in the L2
+// (codes % 4) the 128-column gather takes ~175-210 ms: the rest is waiting for rows. Transparent huge pages for the tables changed nothing
 // (311 against 321 ms): not TLB misses.
 template <typename R, int CV>
 void gather_column_block(const typename R::S* __restrict tables,
@@ -701,6 +717,10 @@ void gather_column_block(const typename R::S* __restrict tables,
                          int64_t ntok, int64_t h, int64_t d, int64_t c0, float* __restrict y) {
   using S = typename R::S;
   constexpr int64_t bytes = 16 * CV * int64_t(sizeof(S));
+  auto prefetch_bytes = [](const void* p, int64_t n) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t off = 0; off < n; off += 64) __builtin_prefetch(c + off, 0, GATHER_PREFETCH_HINT);
+  };
   const int64_t total = ntok * h;
   for (int64_t p = 0; p < std::min(kGatherPrefetch, total); ++p)
     prefetch_bytes(tables + offsets[p] + c0, bytes);
@@ -755,7 +775,7 @@ struct Tables {
   void operator()(const int64_t* offsets, const T* weights, int64_t ntok, int64_t h, int64_t d,
                   T* y) const {
 #if defined(__AVX512F__)
-    if constexpr (std::is_same<T, float>::value) {
+    if constexpr (std::is_same<T, float>::value && kGatherByColumns) {
       gather_columns<R>(tables, offsets, weights, ntok, h, d, y);
       return;
     }
@@ -880,7 +900,7 @@ torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& ta
   const int64_t tau = check_lookup_tables(tables, z.scalar_type());
   const int64_t n = z.size(0), h = tables.size(0), d = tables.size(2);
   NNK_ARG(z.size(1) == h * tau, "z must have h * tau = ", h * tau, " columns, got ", z.size(1));
-  auto y = torch::empty({n, d}, z.options());
+  auto y = empty_output({n, d}, z.scalar_type());
   if (n == 0) return y;
   dispatch_tables(tables, z.scalar_type(), [&](auto zero, const auto& acc) {
     using T = decltype(zero);
@@ -1110,7 +1130,7 @@ torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor&
   const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
   const int64_t dp = blocks.size(2) * b;
   const int64_t h = tables.size(0), d = tables.size(2);
-  auto y = torch::empty({n, d}, x.options());
+  auto y = empty_output({n, d}, x.scalar_type());
   if (n == 0) return y;
   dispatch_tables(tables, x.scalar_type(), [&](auto zero, const auto& acc) {
     using T = decltype(zero);
@@ -1146,7 +1166,7 @@ torch::Tensor lookup_bh_hash_cpu(const torch::Tensor& x, const torch::Tensor& bl
   const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
   const int64_t dp = blocks.size(2) * b;
   const int64_t h = tables.size(0), d = tables.size(2);
-  auto y = torch::empty({n, d}, x.options());
+  auto y = empty_output({n, d}, x.scalar_type());
   if (n == 0) return y;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lookup_bh_hash_cpu", [&] {
     using T = scalar_t;
