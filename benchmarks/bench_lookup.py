@@ -42,7 +42,8 @@ excluded; the load average is recorded at the start and the end):
     The bound (fp16 tables): on one core the hash's and the gather's instructions run one
     after the other, and the rows' bytes must arrive at most at the read bandwidth, so no
     schedule of this kernel's instructions (overlapping every cache miss with arithmetic)
-    is faster than ``max(hash + gather in cache, roofline)``; the best possible speedup is
+    is faster than ``max(hash + gather in cache, roofline)`` (the fastest repeat of each piece,
+    so that noise cannot inflate the bound); the best possible speedup is
     the reference's time over that. The ``int8`` column is a memory-only what-if: the hash
     and half the fp16 roofline, ``max(hash, roofline / 2)``. (A probe timed in the same interleaved rounds
     as the gather was tried and dropped: many short parallel reductions on a loaded
@@ -341,6 +342,7 @@ def bench_ffn(tokens: int, settings: list, repeats: int, memory: dict[str, Any],
         times = time_interleaved(fns, repeats, pause_s=0.1)
         med = {k: v["median_s"] for k, v in times.items()}
         iqr = {k: v["iqr_s"] for k, v in times.items()}
+        fastest = {k: v["min_s"] for k, v in times.items()}
         base = "xla" if "xla" in med and med["xla"] < med["vanilla"] else "vanilla"
         flops = lookup_ffn_flops(D_MODEL, h, tau, block=block)
         nbytes = table_bytes(h, tau, D_MODEL)
@@ -360,7 +362,7 @@ def bench_ffn(tokens: int, settings: list, repeats: int, memory: dict[str, Any],
             "hash_s": med["hash"], "gather_s": med["gather_fp32"], "gather_fp16_s": med["gather_fp16"],
             "gather_fp16_incache_s": med["gather_fp16_incache"],
             "hash_what": "fused kernel without its gather (projection, codes, weights; fp16 tables)",
-            "iqr_s": iqr, "first_s": {k: v["first_s"] for k, v in times.items()},
+            "iqr_s": iqr, "min_s": fastest, "first_s": {k: v["first_s"] for k, v in times.items()},
             "other_s": med["fused_fp32"] - med["hash"] - med["gather_fp32"],
             "other_fp16_s": med["fused_fp16"] - med["hash"] - med["gather_fp16"],
             "baseline": "XLA (jax.jit)" if base == "xla" else "torch",
@@ -377,12 +379,12 @@ def bench_ffn(tokens: int, settings: list, repeats: int, memory: dict[str, Any],
             "gather_roofline_fraction": roofline_s / med["gather_fp32"],
             "gather_fp16_roofline_fraction": roofline16_s / med["gather_fp16"],
             # the fastest any schedule of this kernel's instructions could be on one core: the
-            # hash's and the gather's instructions back to back (measured, rows in cache),
-            # or the rows' bytes at the read bandwidth, whichever is longer
+            # hash's and the gather's instructions back to back (their fastest repeats, rows
+            # in cache), or the rows' bytes at the read bandwidth, whichever is longer
             "roofline_fp16_s": roofline16_s,
-            "bound_fp16_s": max(med["hash"] + med["gather_fp16_incache"], roofline16_s),
+            "bound_fp16_s": max(fastest["hash"] + fastest["gather_fp16_incache"], roofline16_s),
             # memory-only what-if: int8 tables (half the fp16 bytes) and a free gather
-            "bound_int8_s": max(med["hash"], roofline16_s / 2),
+            "bound_int8_s": max(fastest["hash"], roofline16_s / 2),
             "max_rel_err_fused_vs_torch": err["fp32"], "max_rel_err_fp16": err["fp16"],
             "max_rel_err_bf16": err["bf16"], "max_rel_err_xla_vs_torch": xla_err,
         }
@@ -482,7 +484,7 @@ def markdown(machine: dict[str, Any], memory: dict[str, Any], fwht_rows, ffn_row
         "beyond 32 MiB at least the triad). 'hash' = the fused kernel without its gather (projection, codes, "
         "weights). 'gather in cache' = the fp16 gather with every code modulo 4 (its rows then sit in the L2): "
         "its instructions without its cache misses. 'other' = fused - hash - gather. 'bound fp16' = max(hash + "
-        "gather in cache, roofline fp16): on one core the hash's and the gather's instructions run one after the "
+        "gather in cache, roofline fp16), with the fastest repeat of each piece: on one core the hash's and the gather's instructions run one after the "
         "other and the rows cannot arrive faster than the read bandwidth, so no schedule of this kernel is faster; "
         "'best possible speedup' is the reference's time over it (int8: memory-only what-if, max(hash, half the "
         "fp16 roofline)).",
@@ -546,8 +548,8 @@ def main() -> None:
                                   f"({r['baseline']}) at the accuracy-matched setting {ACCURACY_MATCHED}",
                           "value": f"{r['speedup_fp16_vs_best']:.2f}x (fp32 tables {r['speedup_fp32_vs_best']:.2f}x; "
                                    f"at most {r['max_speedup_fp16_vs_best']:.2f}x for this kernel's instructions with fp16 "
-                                   f"tables (hash {r['hash_s'] * 1e3:.0f} ms + gather in cache "
-                                   f"{r['gather_fp16_incache_s'] * 1e3:.0f} ms, roofline {r['roofline_fp16_s'] * 1e3:.0f} ms); "
+                                   f"tables (fastest hash {r['min_s']['hash'] * 1e3:.0f} ms + gather in cache "
+                                   f"{r['min_s']['gather_fp16_incache'] * 1e3:.0f} ms, roofline {r['roofline_fp16_s'] * 1e3:.0f} ms); "
                                    f"{r['max_speedup_int8_vs_best']:.2f}x for the memory-only int8 what-if)",
                           "met": r["speedup_fp16_vs_best"] >= 2.0})
         goals.append({"goal": f"gather >= 70 % of its bandwidth roofline at (h, tau, block) = ({r['h']}, {r['tau']}, {r['block']})",
