@@ -13,6 +13,12 @@
 // torch.set_num_threads controls it. Vectorisation: the compiler's, with -O3 and
 // -march=native (the extension is built on the machine that runs it); the inner loops
 // are written so that they vectorise (contiguous, no aliasing between src and dst).
+// The fused LookupFFN's hot loops pick their instruction set when the module is built:
+// AVX-512 (hash: a 6-token x 64-output GEMM micro-kernel; gather: 128 output columns per
+// pass, partial sums in registers), else AVX2 + F16C + FMA (rows added 8 lanes at a time),
+// else scalar loops; float64 always takes the portable loops. Because the build uses
+// -march=native and kernels/_ext.py names the module after the CPU's model and flags, each
+// CPU gets the widest path it supports (a dispatch per machine at build time, not per call).
 
 #include <torch/extension.h>
 #include <ATen/EmptyTensor.h>
