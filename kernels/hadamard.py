@@ -490,7 +490,7 @@ def bh_project_fused(x: Tensor, projection: "BHProjection") -> Tensor:
 
     ``x``: contiguous ``(tokens, in_features)`` CPU float32/float64 of the projection's
     dtype; the projection's ``block`` must be a multiple of 16 (the kernel's register
-    block). Tiles of 8 tokens go through all ``m`` rounds of block products and FWHTs in
+    block). Tiles of 48 tokens go through all ``m`` rounds of block products and FWHTs in
     per-thread buffers. Raises ``RuntimeError`` when the extension cannot be built.
     """
     blocks = _check_fused_projection(x, projection)

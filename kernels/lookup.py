@@ -89,6 +89,7 @@ __all__ = [
     "lookup_gather_naive",
     "lookup_forward_fused",
     "lookup_bh_forward_fused",
+    "lookup_bh_hash_fused",
     "gather_fused",
     "LookupGatherFunction",
     "LookupFFN",
@@ -379,8 +380,9 @@ def lookup_forward_fused(z: Tensor, tables: Tensor, scaled: bool = True) -> Tens
     and accumulated in float32, so only the bytes the gather streams halve (anything
     else is a clear error; no silent copies). Per token it computes the ``h`` codes and
     weights (vectorised exponentials), then accumulates the ``h`` rows into the output
-    row, which stays in L1, prefetching the row 8 tables ahead; tokens are spread over
-    torch's threads. The result has ``z``'s dtype. No gradients. Raises
+    row (with AVX-512 and float32 compute 128 output columns at a time, the partial sums
+    in registers), prefetching rows 48 (token, table) pairs ahead; super-tiles of 480
+    tokens are spread over torch's threads. The result has ``z``'s dtype. No gradients. Raises
     ``RuntimeError`` when the extension cannot be built.
     """
     _check_fused_inputs(z, tables)
@@ -393,19 +395,10 @@ def lookup_forward_fused(z: Tensor, tables: Tensor, scaled: bool = True) -> Tens
         return build().lookup_forward(z, tables, scaled)
 
 
-def lookup_bh_forward_fused(
-    x: Tensor, projection: BHProjection, tables: Tensor, scaled: bool = True
-) -> Tensor:
-    """Fully fused C++ inference of a BH-m LookupFFN: hash and gather in one kernel.
-
-    ``x``: contiguous ``(tokens, d_model)`` CPU float32/float64; ``projection`` a
-    :class:`~kernels.hadamard.BHProjection` to ``h * tau`` features with ``block`` a
-    multiple of 16; ``tables`` ``(h, 2**tau, d_out)`` contiguous, of ``x``'s dtype or,
-    with float32 ``x``, float16/bfloat16 (as in :func:`lookup_forward_fused`). Per tile
-    of 8 tokens (one thread): the ``m`` rounds of block products and FWHTs (eq. 19),
-    then codes, weights and the gather-accumulate of :func:`lookup_forward_fused`; the
-    soft codes live only in a per-thread buffer. No gradients.
-    """
+def _check_bh_fused(
+    x: Any, projection: Any, tables: Any, scaled: Any
+) -> tuple[Tensor, int]:
+    """Every argument check of :func:`lookup_bh_forward_fused`; returns (blocks, tau)."""
     from kernels.hadamard import _check_fused_array, _check_fused_projection
 
     if not isinstance(projection, BHProjection):
@@ -428,10 +421,48 @@ def lookup_bh_forward_fused(
     blocks = _check_fused_projection(x, projection)
     if not isinstance(scaled, bool):
         raise TypeError(f"scaled must be a bool, got {scaled!r}")
+    return blocks, tau
+
+
+def lookup_bh_forward_fused(
+    x: Tensor, projection: BHProjection, tables: Tensor, scaled: bool = True
+) -> Tensor:
+    """Fully fused C++ inference of a BH-m LookupFFN: hash and gather in one kernel.
+
+    ``x``: contiguous ``(tokens, d_model)`` CPU float32/float64; ``projection`` a
+    :class:`~kernels.hadamard.BHProjection` to ``h * tau`` features with ``block`` a
+    multiple of 16; ``tables`` ``(h, 2**tau, d_out)`` contiguous, of ``x``'s dtype or,
+    with float32 ``x``, float16/bfloat16 (as in :func:`lookup_forward_fused`). Per tile
+    of 48 tokens (one thread): the ``m`` rounds of block products (a register-blocked
+    GEMM micro-kernel, 6 tokens x 64 outputs with AVX-512) and FWHTs (eq. 19), then the
+    codes and weights; per super-tile of 480 tokens the gather-accumulate (with AVX-512
+    and float32 compute: 128 output columns at a time, the partial sums in registers,
+    rows prefetched 48 (token, table) pairs ahead). The soft codes live only in a
+    per-thread buffer. No gradients.
+    """
+    blocks, tau = _check_bh_fused(x, projection, tables, scaled)
     from kernels._ext import build
 
     with torch.no_grad():
         return build().lookup_bh_forward(x, blocks, tables, tau, scaled)
+
+
+def lookup_bh_hash_fused(
+    x: Tensor, projection: BHProjection, tables: Tensor, scaled: bool = True
+) -> Tensor:
+    """:func:`lookup_bh_forward_fused` without its gather: for timing the hash step.
+
+    Same arguments and checks, same tiles and buffers (projection, codes, weights), but
+    the gather-accumulate is replaced by a sum of the weights written to the first row
+    of each super-tile; the returned tensor is NOT the layer's output (the rest of it is
+    uninitialised). The fused time minus this one is what the gather costs inside the
+    fused kernel (the breakdown of ``benchmarks/bench_lookup.py``).
+    """
+    blocks, tau = _check_bh_fused(x, projection, tables, scaled)
+    from kernels._ext import build
+
+    with torch.no_grad():
+        return build().lookup_bh_hash(x, blocks, tables, tau, scaled)
 
 
 def gather_fused(

@@ -19,6 +19,7 @@ from kernels.lookup import (
     gather_fused,
     hash_codes,
     lookup_bh_forward_fused,
+    lookup_bh_hash_fused,
     lookup_ffn_flops,
     lookup_forward_fused,
     lookup_gather,
@@ -157,6 +158,50 @@ def test_fully_fused_bh_kernel_matches_torch(dtype, d_model, h, tau, block) -> N
     tol = 1e-11 if dtype == F64 else 2e-4
     torch.testing.assert_close(auto, want, rtol=tol, atol=tol)
     torch.testing.assert_close(direct.reshape(want.shape), want, rtol=tol, atol=tol)
+
+
+# The fused kernels' tiling (issue 15): hash tiles of 48 tokens, register blocks of 6 / 8 /
+# 12 tokens (blocks of 64 / 32 / 16 with AVX-512), super-tiles of 480 tokens for the
+# gather, output columns in passes of 128 and 16 plus a scalar tail. The token counts and
+# d_out below straddle every one of those boundaries (1, 47, 49, 481 tokens; d_out = 5 is
+# the scalar tail alone, 17 one 16-column pass + 1, 130 one 128-column pass + 2); every
+# table storage; reference: the literal formula (lookup_gather_naive) in float64 on the
+# same (rounded) tables, through the layer's pure-torch projection.
+@pytest.mark.parametrize("table_dtype", [None, torch.float16, torch.bfloat16, F64])
+@pytest.mark.parametrize(
+    "n,d_model,h,tau,block,d_out",
+    [(1, 64, 8, 8, 64, 17), (47, 64, 8, 8, 64, 130), (49, 32, 5, 3, 16, 5), (481, 64, 24, 4, 32, 17),
+     (50, 128, 64, 8, 64, 33), (13, 40, 20, 9, 16, 130)],
+)
+def test_fused_tiling_sweep_matches_literal_formula(table_dtype, n, d_model, h, tau, block, d_out) -> None:
+    dtype = F64 if table_dtype is F64 else torch.float32
+    layer = LookupFFN(d_model, h, tau, block=block, d_out=d_out, dtype=dtype,
+                      table_dtype=None if table_dtype is F64 else table_dtype,
+                      generator=torch.Generator().manual_seed(n + h))
+    x = torch.randn(n, d_model, dtype=dtype, generator=torch.Generator().manual_seed(7 + n))
+    with torch.no_grad():
+        tables = layer.inference_tables()
+        z = layer.projection(x).double()  # the pure-torch BH4 projection
+        want = lookup_gather_naive(z, tables.double(), True)
+        got = lookup_bh_forward_fused(x, layer.projection, tables, True)
+        got_z = lookup_forward_fused(layer.projection(x).contiguous(), tables, True)
+    assert got.dtype == dtype and got.shape == (n, d_out)
+    tol = 1e-10 if dtype == F64 else 2e-4
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(got_z.double(), want, rtol=tol, atol=tol)
+    # the hash-only timing entry runs the same hash: its first entry per super-tile is the
+    # sum of the weights plus the number of odd row offsets, nothing else is promised
+    marker = lookup_bh_hash_fused(x, layer.projection, tables, True)
+    assert marker.shape == (n, d_out)
+    # non-contiguous input through the layer (which makes it contiguous for the kernel)
+    xt = torch.randn(n, 2 * d_model, dtype=dtype, generator=torch.Generator().manual_seed(3))[:, ::2]
+    assert not xt.is_contiguous()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(xt, backend="fused").double(),
+                                   lookup_gather_naive(layer.projection(xt).double(), tables.double(), True),
+                                   rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="contiguous"):
+        lookup_bh_hash_fused(xt, layer.projection, tables, True)
 
 
 # Half-width tables (float16 / bfloat16, float32 accumulation). Two independent checks:

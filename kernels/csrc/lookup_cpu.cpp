@@ -13,6 +13,12 @@
 // torch.set_num_threads controls it. Vectorisation: the compiler's, with -O3 and
 // -march=native (the extension is built on the machine that runs it); the inner loops
 // are written so that they vectorise (contiguous, no aliasing between src and dst).
+// The fused LookupFFN's hot loops pick their instruction set when the module is built:
+// AVX-512 (hash: a 6-token x 64-output GEMM micro-kernel; gather: 128 output columns per
+// pass, partial sums in registers), else AVX2 + F16C + FMA (rows added 8 lanes at a time),
+// else scalar loops; float64 always takes the portable loops. Because the build uses
+// -march=native and kernels/_ext.py names the module after the CPU's model and flags, each
+// CPU gets the widest path it supports (a dispatch per machine at build time, not per call).
 
 #include <torch/extension.h>
 #include <ATen/EmptyTensor.h>
@@ -445,10 +451,14 @@ struct HugePageAllocator final : c10::Allocator {
 };
 #endif
 
-// An uninitialised tensor shaped like x (contiguous); huge-page backed from 32 MiB on.
-inline torch::Tensor empty_output_like(const torch::Tensor& x) {
+// An uninitialised contiguous tensor of `sizes` and `dtype`; huge-page backed from 32 MiB on
+// (also the fused LookupFFN's output: 64 MiB at 32768 tokens x 512, whose 4 KiB page
+// faults cost about 40 ms of a 0.5 s call).
+inline torch::Tensor empty_output(c10::IntArrayRef sizes, c10::ScalarType dtype) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  const size_t nbytes = size_t(x.numel()) * x.element_size();
+  size_t numel = 1;
+  for (const int64_t s : sizes) numel *= size_t(s);
+  const size_t nbytes = numel * c10::elementSize(dtype);
   // From 32 MiB, glibc's largest mmap threshold: every such allocation is a fresh mapping
   // (its pages faulted in on first touch), while smaller ones are reused from the heap
   // after the first call, which huge pages would only slow (measured: 8-16 MiB outputs
@@ -457,12 +467,17 @@ inline torch::Tensor empty_output_like(const torch::Tensor& x) {
     static HugePageAllocator allocator;
     c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, &allocator,
                          /*resizable=*/true);
-    return torch::empty({0}, x.options()).set_(std::move(storage), 0, x.sizes(), x.strides());
+    return torch::empty({0}, torch::dtype(dtype)).set_(std::move(storage), 0, sizes,
+                                                        c10::contiguous_strides(sizes));
   }
 #endif
   // at::detail::empty_cpu skips the dispatcher: about half a microsecond less per call,
   // which is a third of a short row's whole call (batch 1 in benchmarks/bench_fwht.py).
-  return at::Tensor(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  return at::Tensor(at::detail::empty_cpu(sizes, dtype));
+}
+
+inline torch::Tensor empty_output_like(const torch::Tensor& x) {
+  return empty_output(x.sizes(), x.scalar_type());
 }
 
 torch::Tensor fwht_cpu(const torch::Tensor& x, bool normalized) {
@@ -505,133 +520,273 @@ pybind11::object fwht_plain(const pybind11::handle& obj, bool normalized) {
 //                                                               the eq. 11 denominator)
 //            * sum_j |z_kj|         if scaled                  (eq. 20: <z_k, S_code>)
 //   y_t      = sum_k weight_k T_k[code_k]
-// Per token: one pass over its h*tau soft codes (vectorised exponentials), then h
-// contiguous row reads of d floats accumulated into y_t (which stays in L1), with the
-// row of table k + kPrefetch prefetched. Nothing of size (tokens, h, d) is formed.
+// Per tile of tokens: the codes and weights of every token of the tile first (so that
+// all the rows the tile will read are known), then the gather-accumulate token by token:
+// the h rows of a token are added into its output row four at a time, the partial sums
+// held in registers (one load and one store of the output per four rows), while the rows
+// kPrefetchRows ahead in the tile's (token, table) order -- across token boundaries --
+// are prefetched whole. Nothing of size (tokens, h, d) is formed.
+//
+// Why four rows and a prefetch distance in rows: each row is d_out contiguous entries
+// (1 KiB for fp16, d_out = 512) at a random place in h * 2^tau * d_out entries (64 MiB at
+// (256, 8, 64) fp16, twice the L3), so the gather is a stream of independent 1 KiB reads;
+// the hardware prefetcher follows a row once it has started, but only software prefetch
+// can start the next rows' misses early enough to keep the memory system busy.
+
+}  // namespace
+#include <immintrin.h>  // here rather than at the top: only the gather section uses it
+
+namespace {
 
 #ifndef PREFETCH_DIST
-#define PREFETCH_DIST 8
+#define PREFETCH_DIST 16
 #endif
 #ifndef PREFETCH_HINT
-#define PREFETCH_HINT 1
+#define PREFETCH_HINT 3
 #endif
-constexpr int kPrefetch = PREFETCH_DIST;
+constexpr int64_t kPrefetchRows = PREFETCH_DIST;
 
-// y[0:d] = sum_k weights[k] * tables[offsets[k] : offsets[k] + d]. The output row stays
-// in L1 while the h rows stream through; the whole row of the table kPrefetch ahead is
-// prefetched so that its cache misses overlap with the current row's arithmetic.
-template <typename T>
-inline void accumulate_rows(const T* __restrict tables, const int64_t* __restrict offsets,
-                            const T* __restrict weights, int64_t h, int64_t d,
-                            T* __restrict y) {
-  for (int64_t c = 0; c < d; ++c) y[c] = T(0);
-  for (int64_t k = 0; k < h; ++k) {
-    if (k + kPrefetch < h) {
-      const char* ahead = reinterpret_cast<const char*>(tables + offsets[k + kPrefetch]);
-      for (int64_t off = 0; off < d * int64_t(sizeof(T)); off += 64)
-        __builtin_prefetch(ahead + off, 0, PREFETCH_HINT);
-    }
-    const T* __restrict row = tables + offsets[k];
-    const T w = weights[k];
-    NNK_ASSERT(offsets[k] >= 0, "negative row offset ", offsets[k], " for table ", k);
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) y[c] += w * row[c];
-  }
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, PREFETCH_HINT);
 }
 
-// ------------------------------------------------ half-width tables (float16, bfloat16)
+// ------------------------------------------------ table storage (float32/64, fp16, bf16)
 // With float32 z / x / y the tables may be stored in 16 bits: each entry is widened to
 // float32 as it is read and multiplied-accumulated in float32, so the only change is that
 // the gather -- bound by memory bandwidth for large tables -- streams half the bytes.
 // The entries are read as raw 16-bit patterns: float16 is widened by F16C's vcvtph2ps,
-// bfloat16 (the high half of a float32) by a 16-bit shift.
-}  // namespace
-#include <immintrin.h>  // here rather than at the top: this section is the only user
+// bfloat16 (the high half of a float32) by a 16-bit shift. Each storage is a traits type:
+// S (the entry), widen (one entry), and for float compute the 16- and 8-lane loads.
 
-#include <cstring>
-namespace {
+struct RowsF64 {
+  using S = double;
+  static double widen(double v) { return v; }
+};
 
-enum class Half16 { kFloat16, kBFloat16 };
+struct RowsF32 {
+  using S = float;
+  static float widen(float v) { return v; }
+#if defined(__AVX512F__)
+  static __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+#endif
+#if defined(__AVX2__)
+  static __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+#endif
+};
 
-template <Half16 K>
-inline float widen(uint16_t v) {
-  if constexpr (K == Half16::kFloat16) {
-    return c10::detail::fp16_ieee_to_fp32_value(v);
-  } else {
+struct RowsF16 {
+  using S = uint16_t;
+  static float widen(uint16_t v) { return c10::detail::fp16_ieee_to_fp32_value(v); }
+#if defined(__AVX512F__)
+  static __m512 load16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+#endif
+#if defined(__AVX2__) && defined(__F16C__)
+  static __m256 load8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+#endif
+};
+
+struct RowsBF16 {
+  using S = uint16_t;
+  static float widen(uint16_t v) {
     const uint32_t u = uint32_t(v) << 16;
     float f;
     std::memcpy(&f, &u, sizeof(f));
     return f;
   }
-}
-
-// y[0:d] += w * widen(row[0:d]), vectorised 16 (AVX-512) or 8 (AVX2 + F16C) at a time.
-template <Half16 K>
-inline void axpy_row16(float w, const uint16_t* __restrict row, float* __restrict y,
-                       int64_t d) {
-  int64_t c = 0;
 #if defined(__AVX512F__)
-  const __m512 wv = _mm512_set1_ps(w);
-  for (; c + 16 <= d; c += 16) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
-    __m512 v;
-    if constexpr (K == Half16::kFloat16) {
-      v = _mm512_cvtph_ps(raw);
-    } else {
-      v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    }
-    _mm512_storeu_ps(y + c, _mm512_fmadd_ps(wv, v, _mm512_loadu_ps(y + c)));
-  }
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-  const __m256 wv = _mm256_set1_ps(w);
-  for (; c + 8 <= d; c += 8) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c));
-    __m256 v;
-    if constexpr (K == Half16::kFloat16) {
-      v = _mm256_cvtph_ps(raw);
-    } else {
-      v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-    }
-    _mm256_storeu_ps(y + c, _mm256_fmadd_ps(wv, v, _mm256_loadu_ps(y + c)));
+  static __m512 load16(const uint16_t* p) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
   }
 #endif
-  for (; c < d; ++c) y[c] += w * widen<K>(row[c]);
-}
-
-// accumulate_rows for half-width tables (offsets in entries, as for float tables).
-template <Half16 K>
-inline void accumulate_rows16(const uint16_t* __restrict tables,
-                              const int64_t* __restrict offsets,
-                              const float* __restrict weights, int64_t h, int64_t d,
-                              float* __restrict y) {
-  for (int64_t c = 0; c < d; ++c) y[c] = 0.0f;
-  for (int64_t k = 0; k < h; ++k) {
-    if (k + kPrefetch < h) {
-      const char* ahead = reinterpret_cast<const char*>(tables + offsets[k + kPrefetch]);
-      for (int64_t off = 0; off < d * int64_t(sizeof(uint16_t)); off += 64)
-        __builtin_prefetch(ahead + off, 0, PREFETCH_HINT);
-    }
-    NNK_ASSERT(offsets[k] >= 0, "negative row offset ", offsets[k], " for table ", k);
-    axpy_row16<K>(weights[k], tables + offsets[k], y, d);
+#if defined(__AVX2__)
+  static __m256 load8(const uint16_t* p) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
   }
-}
-
-// The two kinds of table storage as one callable: acc(offsets, weights, h, d, y).
-template <typename T>
-struct SameTables {
-  const T* tables;
-  void operator()(const int64_t* offsets, const T* weights, int64_t h, int64_t d,
-                  T* y) const {
-    accumulate_rows<T>(tables, offsets, weights, h, d, y);
-  }
+#endif
 };
 
-template <Half16 K>
-struct HalfTables {
-  const uint16_t* tables;
-  void operator()(const int64_t* offsets, const float* weights, int64_t h, int64_t d,
-                  float* y) const {
-    accumulate_rows16<K>(tables, offsets, weights, h, d, y);
+// y[0:d] (= 0 when `first`) += w[0] rows[0] + ... + w[NK-1] rows[NK-1], the products added
+// one after the other in that order (the order of a row-by-row loop, so the result does
+// not depend on NK), the partial sums in registers.
+template <typename T, typename R, int NK>
+inline void add_rows(T* __restrict y, const typename R::S* const* rows, const T* w, int64_t d,
+                     bool first) {
+  int64_t c = 0;
+  if constexpr (std::is_same<T, float>::value) {
+#if defined(__AVX512F__)
+    __m512 wv[NK];
+#pragma GCC unroll 4
+    for (int i = 0; i < NK; ++i) wv[i] = _mm512_set1_ps(w[i]);
+    for (; c + 16 <= d; c += 16) {
+      __m512 a = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + c);
+#pragma GCC unroll 4
+      for (int i = 0; i < NK; ++i) a = _mm512_fmadd_ps(wv[i], R::load16(rows[i] + c), a);
+      _mm512_storeu_ps(y + c, a);
+    }
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    __m256 wv[NK];
+#pragma GCC unroll 4
+    for (int i = 0; i < NK; ++i) wv[i] = _mm256_set1_ps(w[i]);
+    for (; c + 8 <= d; c += 8) {
+      __m256 a = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + c);
+#pragma GCC unroll 4
+      for (int i = 0; i < NK; ++i) a = _mm256_fmadd_ps(wv[i], R::load8(rows[i] + c), a);
+      _mm256_storeu_ps(y + c, a);
+    }
+#endif
+  }
+  // scalar path (float64, other CPUs, and the last d % lanes columns)
+  for (; c < d; ++c) {
+    T a = first ? T(0) : y[c];
+#pragma GCC unroll 4
+    for (int i = 0; i < NK; ++i) a += w[i] * T(R::widen(rows[i][c]));
+    y[c] = a;
+  }
+}
+
+// The gather-accumulate of a tile of ntok tokens:
+//   y[t, 0:d] = sum_k weights[t h + k] tables[offsets[t h + k] : + d],
+// offsets in entries (row starts), weights and y of the compute type T.
+template <typename T, typename R>
+void accumulate_tile(const typename R::S* __restrict tables, const int64_t* __restrict offsets,
+                     const T* __restrict weights, int64_t ntok, int64_t h, int64_t d,
+                     T* __restrict y) {
+  using S = typename R::S;
+  const int64_t total = ntok * h, row_bytes = d * int64_t(sizeof(S));
+  for (int64_t p = 0; p < std::min(kPrefetchRows, total); ++p)
+    prefetch_bytes(tables + offsets[p], row_bytes);
+  for (int64_t t = 0; t < ntok; ++t) {
+    T* __restrict yt = y + t * d;
+    for (int64_t k = 0; k < h; k += 4) {
+      const int64_t p0 = t * h + k, nk = std::min<int64_t>(4, h - k);
+      for (int64_t p = p0 + kPrefetchRows; p < std::min(p0 + nk + kPrefetchRows, total); ++p)
+        prefetch_bytes(tables + offsets[p], row_bytes);
+      NNK_ASSERT(offsets[p0] >= 0, "negative row offset ", offsets[p0], " for table ", k);
+      const S* rows[4] = {tables + offsets[p0], nullptr, nullptr, nullptr};
+      for (int64_t i = 1; i < nk; ++i) rows[i] = tables + offsets[p0 + i];
+      const T* w = weights + p0;
+      switch (nk) {
+        case 4: add_rows<T, R, 4>(yt, rows, w, d, k == 0); break;
+        case 3: add_rows<T, R, 3>(yt, rows, w, d, k == 0); break;
+        case 2: add_rows<T, R, 2>(yt, rows, w, d, k == 0); break;
+        default: add_rows<T, R, 1>(yt, rows, w, d, k == 0); break;
+      }
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+#ifndef GATHER_COLUMNS
+#define GATHER_COLUMNS 128
+#endif
+#ifndef GATHER_PREFETCH
+#define GATHER_PREFETCH 64
+#endif
+#ifndef GATHER_PREFETCH_HINT
+#define GATHER_PREFETCH_HINT 2
+#endif
+// Columns per pass of the column-blocked gather (a multiple of 16), and its prefetch
+// distance in (token, table) pairs.
+constexpr int kGatherColumns = GATHER_COLUMNS;
+#ifndef GATHER_BY_COLUMNS
+#define GATHER_BY_COLUMNS 1
+#endif
+constexpr bool kGatherByColumns = GATHER_BY_COLUMNS;
+constexpr int64_t kGatherPrefetch = GATHER_PREFETCH;
+
+// The gather of ntok tokens, column block by column block (float compute, AVX-512):
+// y[t, c0 : c0 + 16 CV] = sum_k weights[t h + k] tables[offsets[t h + k] + c0 : + 16 CV]
+// for every t, the CV partial-sum vectors in registers for the whole sum over k (no
+// loads or stores of y inside it), the products added in the order k = 0, 1, ...
+//
+// Why by column blocks: a pass over all tokens reads only columns [c0, c0 + 16 CV) of
+// every table row -- a slice of h 2^tau 16 CV entries (16 MiB at (256, 8), fp16, 128
+// columns) that stays in the L3 for the whole pass, whereas the whole tables (64 MiB) do
+// not: each table entry the tokens of one pass touch comes from memory about once, and
+// every later token that reads the same row reads it from the L3 -- in principle. Measured
+// (32768 tokens, (256, 8, 64), fp16, 1 thread, machine load ~3, CPU-time minima of 5):
+// 128 columns with prefetch 16 pairs ahead into L1: 346 ms, 48 ahead: 291 ms, 64 ahead into
+// L2 (prefetcht1): 247 ms (96 and 128 ahead the same); 64 columns 516 ms; the row-by-row
+// gather (accumulate_tile, y in L1) 341-364 ms in the same run. With every row in the L2
+// (codes % 4) the 128-column gather takes ~175-210 ms: the rest is waiting for rows. Transparent huge pages for the tables changed nothing
+// (311 against 321 ms): not TLB misses.
+template <typename R, int CV>
+void gather_column_block(const typename R::S* __restrict tables,
+                         const int64_t* __restrict offsets, const float* __restrict weights,
+                         int64_t ntok, int64_t h, int64_t d, int64_t c0, float* __restrict y) {
+  using S = typename R::S;
+  constexpr int64_t bytes = 16 * CV * int64_t(sizeof(S));
+  auto prefetch_bytes = [](const void* p, int64_t n) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t off = 0; off < n; off += 64) __builtin_prefetch(c + off, 0, GATHER_PREFETCH_HINT);
+  };
+  const int64_t total = ntok * h;
+  for (int64_t p = 0; p < std::min(kGatherPrefetch, total); ++p)
+    prefetch_bytes(tables + offsets[p] + c0, bytes);
+  for (int64_t t = 0; t < ntok; ++t) {
+    __m512 acc[CV];
+#pragma GCC unroll 8
+    for (int v = 0; v < CV; ++v) acc[v] = _mm512_setzero_ps();
+    const int64_t* __restrict off = offsets + t * h;
+    const float* __restrict w = weights + t * h;
+    const int64_t ahead = std::min(h, total - t * h - kGatherPrefetch);
+    for (int64_t k = 0; k < h; ++k) {
+      if (k < ahead) prefetch_bytes(tables + off[k + kGatherPrefetch] + c0, bytes);
+      NNK_ASSERT(off[k] >= 0, "negative row offset ", off[k], " for table ", k);
+      const S* __restrict row = tables + off[k] + c0;
+      const __m512 wv = _mm512_set1_ps(w[k]);
+#pragma GCC unroll 8
+      for (int v = 0; v < CV; ++v) acc[v] = _mm512_fmadd_ps(wv, R::load16(row + 16 * v), acc[v]);
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < CV; ++v) _mm512_storeu_ps(y + t * d + c0 + 16 * v, acc[v]);
+  }
+}
+
+template <typename R>
+void gather_columns(const typename R::S* tables, const int64_t* offsets, const float* weights,
+                    int64_t ntok, int64_t h, int64_t d, float* y) {
+  static_assert(kGatherColumns % 16 == 0 && kGatherColumns >= 16 && kGatherColumns <= 128,
+                "GATHER_COLUMNS must be 16, 32, .., 128");
+  int64_t c0 = 0;
+  for (; c0 + kGatherColumns <= d; c0 += kGatherColumns)
+    gather_column_block<R, kGatherColumns / 16>(tables, offsets, weights, ntok, h, d, c0, y);
+  for (; c0 + 16 <= d; c0 += 16)
+    gather_column_block<R, 1>(tables, offsets, weights, ntok, h, d, c0, y);
+  if (c0 < d) {  // the last d % 16 columns
+    for (int64_t t = 0; t < ntok; ++t)
+      for (int64_t c = c0; c < d; ++c) {
+        float a = 0.0f;
+        for (int64_t k = 0; k < h; ++k)
+          a += weights[t * h + k] * R::widen(tables[offsets[t * h + k] + c]);
+        y[t * d + c] = a;
+      }
+  }
+}
+#endif  // __AVX512F__
+
+// The kinds of table storage as one callable: acc(offsets, weights, ntok, h, d, y), the
+// gather of ntok tokens (column-blocked with AVX-512 and float compute, else token by
+// token with rows added four at a time).
+template <typename T, typename R>
+struct Tables {
+  const typename R::S* tables;
+  void operator()(const int64_t* offsets, const T* weights, int64_t ntok, int64_t h, int64_t d,
+                  T* y) const {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same<T, float>::value && kGatherByColumns) {
+      gather_columns<R>(tables, offsets, weights, ntok, h, d, y);
+      return;
+    }
+#endif
+    accumulate_tile<T, R>(tables, offsets, weights, ntok, h, d, y);
   }
 };
 
@@ -666,31 +821,32 @@ template <typename Fn>
 void dispatch_tables(const torch::Tensor& tables, torch::ScalarType compute, Fn&& fn) {
   switch (tables.scalar_type()) {
     case torch::kHalf:
-      fn(float(), HalfTables<Half16::kFloat16>{
+      fn(float(), Tables<float, RowsF16>{
                       reinterpret_cast<const uint16_t*>(tables.data_ptr<at::Half>())});
       break;
     case torch::kBFloat16:
-      fn(float(), HalfTables<Half16::kBFloat16>{
+      fn(float(), Tables<float, RowsBF16>{
                       reinterpret_cast<const uint16_t*>(tables.data_ptr<at::BFloat16>())});
       break;
     case torch::kFloat:
-      fn(float(), SameTables<float>{tables.data_ptr<float>()});
+      fn(float(), Tables<float, RowsF32>{tables.data_ptr<float>()});
       break;
     default:
       NNK_ARG(compute == torch::kDouble && tables.scalar_type() == torch::kDouble,
               "unsupported tables dtype ", tables.scalar_type());
-      fn(double(), SameTables<double>{tables.data_ptr<double>()});
+      fn(double(), Tables<double, RowsF64>{tables.data_ptr<double>()});
   }
 }
 
-// Codes (as row offsets, in entries) and weights of the h tables for one token.
+// Codes (as row offsets, in entries) and weights of the h tables for one token; expo is
+// an h * tau scratch buffer.
 template <typename T>
 inline void token_codes_weights(const T* __restrict z, T* __restrict expo,
                                 int64_t* __restrict codes, T* __restrict weights, int64_t h,
                                 int64_t tau, int64_t d, bool scaled) {
   const int64_t ht = h * tau;
 #pragma omp simd
-  for (int64_t i = 0; i < ht; ++i) expo[i] = std::exp(T(-2) * std::abs(z[i]));
+  for (int64_t i = 0; i < ht; ++i) expo[i] = T(1) + std::exp(T(-2) * std::abs(z[i]));
   const int64_t rows_per_table = int64_t(1) << tau;
   for (int64_t k = 0; k < h; ++k) {
     int64_t code = 0;
@@ -698,7 +854,7 @@ inline void token_codes_weights(const T* __restrict z, T* __restrict expo,
     for (int64_t j = 0; j < tau; ++j) {
       const T v = z[k * tau + j];
       code |= int64_t(v > T(0)) << j;
-      denom *= T(1) + expo[k * tau + j];
+      denom *= expo[k * tau + j];
       s += std::abs(v);
     }
     NNK_ASSERT(code >= 0 && code < rows_per_table, "code ", code, " of table ", k,
@@ -708,23 +864,37 @@ inline void token_codes_weights(const T* __restrict z, T* __restrict expo,
   }
 }
 
-template <typename T, typename Acc>
-inline void lookup_token(const T* __restrict z, const Acc& acc, T* __restrict y,
-                         T* __restrict expo, int64_t* __restrict codes, T* __restrict weights,
-                         int64_t h, int64_t tau, int64_t d, bool scaled) {
-  token_codes_weights<T>(z, expo, codes, weights, h, tau, d, scaled);
-  acc(codes, weights, h, d, y);
-}
+// Tokens per tile of the fused kernels: a multiple of every register block below (2, 4,
+// 6, 8, 12 tokens). 48 tokens keep the tile's activations (2 x 48 x d_pad floats, 192 KiB
+// at d_pad = 512) and its soft codes (48 x h tau, 384 KiB at h tau = 2048) within the
+// 1 MiB L2 while each 64 x 64 block of the projection (16 KiB, L1) is reused by 48 tokens.
+constexpr int64_t kTile = 48;
+#ifndef SUPER_TILE
+#define SUPER_TILE 480
+#endif
+// Tokens whose codes are gathered together (a multiple of kTile), 1.4 MiB of offsets and
+// weights at h = 256. Measured at (256, 8, 64), fp16 (load ~2.8): 480 and 2016 tokens gave
+// the same gather time (289 / 291 ms), so the reuse of rows within a column pass that
+// larger super-tiles would add is not what limits it; the smaller buffer is kept.
+constexpr int64_t kSuperTile = SUPER_TILE;
+static_assert(kSuperTile % kTile == 0, "SUPER_TILE must be a multiple of kTile");
 
 template <typename T, typename Acc>
 void lookup_tokens(const T* z, const Acc& acc, T* y, int64_t n, int64_t h, int64_t tau,
                    int64_t d, bool scaled) {
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    std::vector<T> expo(h * tau), weights(h);
-    std::vector<int64_t> codes(h);
-    for (int64_t t = begin; t < end; ++t)
-      lookup_token<T>(z + t * h * tau, acc, y + t * d, expo.data(), codes.data(),
-                      weights.data(), h, tau, d, scaled);
+  const int64_t ht = h * tau;
+  const int64_t tiles = (n + kSuperTile - 1) / kSuperTile;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    const int64_t cap = std::min(kSuperTile, n);
+    std::vector<T> expo(ht), weights(cap * h);
+    std::vector<int64_t> codes(cap * h);
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t t_first = tile * kSuperTile, count = std::min<int64_t>(kSuperTile, n - t_first);
+      for (int64_t t = 0; t < count; ++t)
+        token_codes_weights<T>(z + (t_first + t) * ht, expo.data(), codes.data() + t * h,
+                               weights.data() + t * h, h, tau, d, scaled);
+      acc(codes.data(), weights.data(), count, h, d, y + t_first * d);
+    }
   });
 }
 
@@ -736,7 +906,7 @@ torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& ta
   const int64_t tau = check_lookup_tables(tables, z.scalar_type());
   const int64_t n = z.size(0), h = tables.size(0), d = tables.size(2);
   NNK_ARG(z.size(1) == h * tau, "z must have h * tau = ", h * tau, " columns, got ", z.size(1));
-  auto y = torch::empty({n, d}, z.options());
+  auto y = empty_output({n, d}, z.scalar_type());
   if (n == 0) return y;
   dispatch_tables(tables, z.scalar_type(), [&](auto zero, const auto& acc) {
     using T = decltype(zero);
@@ -747,20 +917,28 @@ torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& ta
 
 // Fully fused BH-m LookupFFN inference: hash (eq. 19 projection, codes, weights) and
 // gather-accumulate per tile of kTile tokens, all in per-thread buffers that stay in
-// L1/L2: nothing of size (tokens, h * tau) or (tokens, h, d) is written to memory.
+// L2: nothing of size (tokens, h * tau) or (tokens, h, d) is written to memory.
 //   x: (n, d_in); blocks: (m, copies, d_pad / b, b, b) with b a multiple of 16;
 //   tables: (h, 2^tau, d_out); z_k comes from copy c = (k tau) / d_pad of the projection.
-constexpr int64_t kTile = 8;  // tokens per tile (a multiple of the 4-token register block)
+//
+// The hash is m rounds of (block-diagonal product, FWHT) per copy. The block product is
+// nearly all of its FLOP (2 d_pad b per token and round against d_pad log2 d_pad for the
+// FWHT: 65536 against 4608 at d_pad = 512, b = 64), so it is written as a small GEMM
+// micro-kernel: R tokens x CV vectors of outputs accumulated in registers over the b
+// inputs of a block, each step one load per output vector, one broadcast per token and
+// R * CV fused multiply-adds (R = 6, CV = 4 with AVX-512: 24 accumulators of 32
+// registers). The FWHT of each row is the vector kernel above, on rows in L1.
 
-// out[t, q b : (q+1) b] = in[t, q b : (q+1) b] @ B_q for kTile rows of width dp.
-// Register block: 4 tokens x 16 outputs, accumulated over the b inputs.
+// Generic register block (float64, other compilers): 4 tokens x 16 outputs.
+// out[t, q b : (q+1) b] = in[t, q b : (q+1) b] @ B_q for `rows` (a multiple of 4) rows.
 template <typename T>
-inline void block_matmul_tile(const T* __restrict in, T* __restrict out,
-                              const T* __restrict blocks, int64_t dp, int64_t b) {
+inline void block_matmul_generic(const T* __restrict in, T* __restrict out,
+                                 const T* __restrict blocks, int64_t rows, int64_t dp,
+                                 int64_t b) {
   const int64_t nb = dp / b;
   for (int64_t q = 0; q < nb; ++q) {
     const T* __restrict bq = blocks + q * b * b;
-    for (int64_t t0 = 0; t0 < kTile; t0 += 4) {
+    for (int64_t t0 = 0; t0 < rows; t0 += 4) {
       const T* __restrict x0 = in + t0 * dp + q * b;
       for (int64_t jc = 0; jc < b; jc += 16) {
         T acc[4][16] = {};
@@ -780,25 +958,118 @@ inline void block_matmul_tile(const T* __restrict in, T* __restrict out,
   }
 }
 
+#ifdef NNK_FWHT_VECTOR
+// The same product with an R x CV register block of float vectors (rows a multiple of
+// R, b a multiple of CV lanes).
+template <int R, int CV>
+inline void block_matmul_vec(const float* __restrict in, float* __restrict out,
+                             const float* __restrict blocks, int64_t rows, int64_t dp,
+                             int64_t b) {
+  using V = FwhtVec<float>::V;
+  constexpr int L = FwhtVec<float>::lanes;
+  const int64_t nb = dp / b;
+  for (int64_t q = 0; q < nb; ++q) {
+    const float* __restrict bq = blocks + q * b * b;
+    for (int64_t t0 = 0; t0 < rows; t0 += R) {
+      const float* __restrict x0 = in + t0 * dp + q * b;
+      for (int64_t jc = 0; jc < b; jc += CV * L) {
+        V acc[R][CV];
+#pragma GCC unroll 12
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+          for (int v = 0; v < CV; ++v) acc[r][v] = V{};
+        for (int64_t i = 0; i < b; ++i) {
+          V bv[CV];
+#pragma GCC unroll 4
+          for (int v = 0; v < CV; ++v) bv[v] = fwht_load<float>(bq + i * b + jc + v * L);
+#pragma GCC unroll 12
+          for (int r = 0; r < R; ++r) {
+            const float xs = x0[r * dp + i];
+#pragma GCC unroll 4
+            for (int v = 0; v < CV; ++v) acc[r][v] += xs * bv[v];
+          }
+        }
+#pragma GCC unroll 12
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+          for (int v = 0; v < CV; ++v)
+            fwht_store<float>(out + (t0 + r) * dp + q * b + jc + v * L, acc[r][v]);
+      }
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+constexpr int kRegBlockRows[3] = {6, 8, 12};  // for CV = 4, 2, 1 vectors of 16 lanes
+#elif defined(__AVX__)
+constexpr int kRegBlockRows[3] = {2, 6, 12};  // CV = 4 (never: b % 32 lanes), 2, 1 of 8
+#else
+constexpr int kRegBlockRows[3] = {2, 4, 8};
+#endif
+#endif  // NNK_FWHT_VECTOR
+
+// The register block's token count for this dtype and block side (tiles are padded to it).
+template <typename T>
+inline int64_t matmul_rows(int64_t b) {
+#ifdef NNK_FWHT_VECTOR
+  if constexpr (std::is_same<T, float>::value) {
+    constexpr int L = FwhtVec<float>::lanes;
+    if (b % (4 * L) == 0) return kRegBlockRows[0];
+    if (b % (2 * L) == 0) return kRegBlockRows[1];
+    return kRegBlockRows[2];
+  }
+#endif
+  (void)b;
+  return 4;
+}
+
+template <typename T>
+inline void block_matmul_tile(const T* in, T* out, const T* blocks, int64_t rows, int64_t dp,
+                              int64_t b) {
+#ifdef NNK_FWHT_VECTOR
+  if constexpr (std::is_same<T, float>::value) {
+    constexpr int L = FwhtVec<float>::lanes;
+    if (b % (4 * L) == 0) return block_matmul_vec<kRegBlockRows[0], 4>(in, out, blocks, rows, dp, b);
+    if (b % (2 * L) == 0) return block_matmul_vec<kRegBlockRows[1], 2>(in, out, blocks, rows, dp, b);
+    if (b % L == 0) return block_matmul_vec<kRegBlockRows[2], 1>(in, out, blocks, rows, dp, b);
+  }
+#endif
+  block_matmul_generic<T>(in, out, blocks, rows, dp, b);
+}
+
+// FWHT of `rows` consecutive rows of dp, src -> dst (one thread).
+template <typename T>
+inline void fwht_tile(const T* src, T* dst, int64_t rows, int64_t dp, T scale) {
+#ifdef NNK_FWHT_VECTOR
+  if (dp >= FwhtVec<T>::lanes) {
+    fwht_rows_vector<T>(src, dst, rows, dp, scale);
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r) fwht_row<T>(src + r * dp, dst + r * dp, dp, scale);
+}
+
 // BH projection of one tile of `count` <= kTile tokens (rows of `x`, stride d_in):
 // for each of `copies` copies, zero-pad to dp, then m rounds of block matmul + FWHT, and
 // write the first `width` outputs of the concatenated copies to rows of `out` (stride
-// out_stride). `cur`/`tmp` are kTile * dp scratch buffers. Shared by the fused LookupFFN
+// out_stride). `cur`/`tmp` are kTile * dp scratch buffers; rows beyond `count` up to the
+// register block are computed on zeros and not written. Shared by the fused LookupFFN
 // kernel and the stand-alone projection.
 template <typename T>
 void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_t count,
                      int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
                      int64_t width, int64_t out_stride, T scale) {
+  const int64_t rb = matmul_rows<T>(b);
+  const int64_t rows = (count + rb - 1) / rb * rb;
+  NNK_ASSERT(d_in <= dp && rows <= kTile && width <= out_stride,
+             "tile bounds: d_in ", d_in, " > width ", dp, " or rows ", rows, " > ", kTile);
   for (int64_t c = 0; c < copies; ++c) {
-    std::fill(cur, cur + kTile * dp, T(0));
-    NNK_ASSERT(d_in <= dp && count <= kTile && width <= out_stride,
-               "tile bounds: d_in ", d_in, " > width ", dp, " or count ", count, " > ", kTile);
+    std::fill(cur, cur + rows * dp, T(0));
     for (int64_t t = 0; t < count; ++t)
       std::copy(x + t * d_in, x + (t + 1) * d_in, cur + t * dp);
     for (int64_t i = 0; i < m; ++i) {
-      block_matmul_tile<T>(cur, tmp, blocks + (i * copies + c) * dp * b, dp, b);
-      for (int64_t t = 0; t < kTile; ++t)
-        fwht_row<T>(tmp + t * dp, cur + t * dp, dp, scale);
+      block_matmul_tile<T>(cur, tmp, blocks + (i * copies + c) * dp * b, rows, dp, b);
+      fwht_tile<T>(tmp, cur, rows, dp, scale);
     }
     const int64_t lo = c * dp, hi = std::min<int64_t>(width, (c + 1) * dp);
     for (int64_t t = 0; t < count; ++t)
@@ -830,20 +1101,26 @@ void lookup_bh_tokens(const T* x, const T* blocks, const Acc& acc, T* y, int64_t
                       int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
                       int64_t h, int64_t tau, int64_t d, bool scaled) {
   const int64_t ht = h * tau;
-  const int64_t tiles = (n + kTile - 1) / kTile;
+  const int64_t supers = (n + kSuperTile - 1) / kSuperTile;
   const T scale = T(1) / std::sqrt(T(dp));
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, supers, 1, [&](int64_t begin, int64_t end) {
+    const int64_t cap = std::min(kSuperTile, n);
     std::vector<T> cur(kTile * dp), tmp(kTile * dp), z(kTile * ht);
-    std::vector<T> expo(ht), weights(h);
-    std::vector<int64_t> codes(h);
-    for (int64_t tile = begin; tile < end; ++tile) {
-      const int64_t t_first = tile * kTile;
-      const int64_t count = std::min<int64_t>(kTile, n - t_first);
-      bh_project_tile<T>(x + t_first * d_in, blocks, cur.data(), tmp.data(), z.data(), count,
-                         d_in, m, copies, dp, b, ht, ht, scale);
-      for (int64_t t = 0; t < count; ++t)
-        lookup_token<T>(z.data() + t * ht, acc, y + (t_first + t) * d, expo.data(),
-                        codes.data(), weights.data(), h, tau, d, scaled);
+    std::vector<T> expo(ht), weights(cap * h);
+    std::vector<int64_t> codes(cap * h);
+    for (int64_t super = begin; super < end; ++super) {
+      const int64_t s_first = super * kSuperTile;
+      const int64_t s_count = std::min<int64_t>(kSuperTile, n - s_first);
+      // the hash of the super-tile, kTile tokens at a time: codes and weights
+      for (int64_t t0 = 0; t0 < s_count; t0 += kTile) {
+        const int64_t count = std::min<int64_t>(kTile, s_count - t0);
+        bh_project_tile<T>(x + (s_first + t0) * d_in, blocks, cur.data(), tmp.data(), z.data(),
+                           count, d_in, m, copies, dp, b, ht, ht, scale);
+        for (int64_t t = 0; t < count; ++t)
+          token_codes_weights<T>(z.data() + t * ht, expo.data(), codes.data() + (t0 + t) * h,
+                                 weights.data() + (t0 + t) * h, h, tau, d, scaled);
+      }
+      acc(codes.data(), weights.data(), s_count, h, d, y + s_first * d);
     }
   });
 }
@@ -859,12 +1136,48 @@ torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor&
   const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
   const int64_t dp = blocks.size(2) * b;
   const int64_t h = tables.size(0), d = tables.size(2);
-  auto y = torch::empty({n, d}, x.options());
+  auto y = empty_output({n, d}, x.scalar_type());
   if (n == 0) return y;
   dispatch_tables(tables, x.scalar_type(), [&](auto zero, const auto& acc) {
     using T = decltype(zero);
     lookup_bh_tokens<T>(x.data_ptr<T>(), blocks.data_ptr<T>(), acc, y.data_ptr<T>(), n, d_in,
                         m, copies, dp, b, h, tau, d, scaled);
+  });
+  return y;
+}
+
+// The fused kernel without its gather (the benchmark's "hash" step: projection, codes and
+// weights exactly as lookup_bh_forward_cpu computes them, same tiles and buffers): the
+// gather is replaced by a sum of the weights and offsets written to the first entry of
+// each super-tile's output (so that nothing is optimised away); the rest of y is left
+// uninitialised. The fused time minus this time is what the gather costs inside it.
+template <typename T>
+struct HashOnly {
+  void operator()(const int64_t* offsets, const T* weights, int64_t ntok, int64_t h, int64_t d,
+                  T* y) const {
+    (void)d;
+    T s = T(0);
+    for (int64_t i = 0; i < ntok * h; ++i) s += weights[i] + T(offsets[i] & 1);
+    y[0] = s;
+  }
+};
+
+torch::Tensor lookup_bh_hash_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
+                                 const torch::Tensor& tables, int64_t tau, bool scaled) {
+  check_float_cpu(x, "x", 2);
+  NNK_ARG(check_lookup_tables(tables, x.scalar_type()) == tau,
+          "tables must have 2^tau = 2^", tau, " rows");
+  check_bh(x, blocks, tables.size(0) * tau);
+  const int64_t n = x.size(0), d_in = x.size(1);
+  const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
+  const int64_t dp = blocks.size(2) * b;
+  const int64_t h = tables.size(0), d = tables.size(2);
+  auto y = empty_output({n, d}, x.scalar_type());
+  if (n == 0) return y;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lookup_bh_hash_cpu", [&] {
+    using T = scalar_t;
+    lookup_bh_tokens<T>(x.data_ptr<T>(), blocks.data_ptr<T>(), HashOnly<T>{}, y.data_ptr<T>(),
+                        n, d_in, m, copies, dp, b, h, tau, d, scaled);
   });
   return y;
 }
@@ -903,16 +1216,18 @@ torch::Tensor bh_project_cpu(const torch::Tensor& x, const torch::Tensor& blocks
 template <typename T, typename Acc>
 void gather_tokens(const int64_t* codes, const T* weights, const Acc& acc, T* y, int64_t n,
                    int64_t h, int64_t rows_per_table, int64_t d) {
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> offsets(h);
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t k = 0; k < h; ++k) {
-        NNK_ASSERT(codes[t * h + k] >= 0 && codes[t * h + k] < rows_per_table, "code ",
-                   codes[t * h + k], " of token ", t, ", table ", k, " outside [0, ",
-                   rows_per_table, ")");
-        offsets[k] = (k * rows_per_table + codes[t * h + k]) * d;
+  const int64_t tiles = (n + kSuperTile - 1) / kSuperTile;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> offsets(std::min(kSuperTile, n) * h);
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t t_first = tile * kSuperTile, count = std::min<int64_t>(kSuperTile, n - t_first);
+      for (int64_t i = 0; i < count * h; ++i) {
+        const int64_t code = codes[t_first * h + i], k = i % h;
+        NNK_ASSERT(code >= 0 && code < rows_per_table, "code ", code, " of table ", k,
+                   " outside [0, ", rows_per_table, ")");
+        offsets[i] = (k * rows_per_table + code) * d;
       }
-      acc(offsets.data(), weights + t * h, h, d, y + t * d);
+      acc(offsets.data(), weights + t_first * h, count, h, d, y + t_first * d);
     }
   });
 }
@@ -960,6 +1275,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("z"), pybind11::arg("tables"), pybind11::arg("scaled"));
   m.def("lookup_bh_forward", &lookup_bh_forward_cpu,
         "Fully fused BH-m LookupFFN inference: projection, codes, weights, gather",
+        pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("tables"),
+        pybind11::arg("tau"), pybind11::arg("scaled"));
+  m.def("lookup_bh_hash", &lookup_bh_hash_cpu,
+        "lookup_bh_forward without the gather (timing only; the output is not the layer's)",
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("tables"),
         pybind11::arg("tau"), pybind11::arg("scaled"));
   m.def("bh_project", &bh_project_cpu, "BH-m projection of the rows of x (tiles as fused)",
