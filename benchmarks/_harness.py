@@ -178,6 +178,36 @@ def peak_memory_of_call(fn: Callable[[], Any]) -> Optional[float]:
     return max(peak - before, 0.0)
 
 
+def limit_cpus(threads: int) -> str:
+    """Pin this process (every thread it has, and every thread and child process it starts
+    later) to ``threads`` of its CPUs with ``os.sched_setaffinity``; return a description
+    for the machine record.
+
+    Thread settings are requests, not limits: XLA's CPU runtime used a second core at times
+    although ``XLA_FLAGS`` asked for one thread (its process CPU time exceeded its wall
+    time, and its dense FFN ran above one core's peak GFLOP/s). Pinning makes "1 thread"
+    true for every library in the comparison. With ``threads`` at least the number of
+    CPUs available nothing is changed.
+    """
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    if not hasattr(os, "sched_setaffinity"):
+        return "not pinned (this platform has no sched_setaffinity)"
+    cpus = sorted(os.sched_getaffinity(0))
+    if threads >= len(cpus):
+        return f"all {len(cpus)} CPUs"
+    chosen = set(cpus[:threads])
+    tasks = Path("/proc/self/task")
+    tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
+    for tid in tids:  # the calling thread's affinity alone would leave existing pool threads free
+        try:
+            os.sched_setaffinity(tid, chosen)
+        except (ProcessLookupError, PermissionError):
+            pass
+    os.sched_setaffinity(0, chosen)
+    return f"pinned to CPU {', '.join(str(c) for c in sorted(chosen))} (os.sched_setaffinity)"
+
+
 def run_worker(
     script: Path,
     args: Sequence[str],

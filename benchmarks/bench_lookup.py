@@ -72,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _harness import (  # noqa: E402
     RESULTS_DIR,
+    limit_cpus,
     machine_info,
     markdown_table,
     peak_memory_of_call,
@@ -510,7 +511,8 @@ def main() -> None:
     threads = args.threads or torch.get_num_threads()
     if threads < 1:
         parser.error("--threads must be >= 1")
-    xla_threads = configure_xla_threads(threads)
+    cpus = limit_cpus(threads)  # before jax and torch start their thread pools
+    xla_threads = configure_xla_threads(threads) + f", {cpus}"
     torch.set_num_threads(threads)
     if args.memory_worker:
         memory_worker(args.memory_worker, tuple(int(v) for v in args.setting.split(",")), args.tokens)

@@ -64,6 +64,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from _harness import (  # noqa: E402  (the path line above makes _harness importable)
     RESULTS_DIR,
+    limit_cpus,
     machine_info,
     markdown_table,
     peak_memory_of_call,
@@ -322,6 +323,24 @@ def worker_time(group: str, size: dict[str, int], repeats: int) -> dict[str, Any
     return {"timings": timings, "agreement": agreement}
 
 
+def _threads_used_note(timings: dict[str, Any], threads: int) -> str:
+    """What the CPU time says about the threads each implementation really used: a process
+    CPU time above 1.2x the wall time means more than one busy thread."""
+    busy = sorted(
+        f"{impl} ({tt['cpu_s'] / tt['median_s']:.1f}x)"
+        for res in timings.values()
+        for impl, tt in res["timings"].items()
+        if tt.get("cpu_s") and tt["median_s"] > 0 and tt["cpu_s"] > 1.2 * threads * tt["median_s"]
+    )
+    if not busy:
+        return f"Measured: every implementation's CPU time stayed within 1.2x of {threads} x its wall time."
+    return (
+        "Measured: process CPU time above the wall time for " + ", ".join(busy)
+        + " (CPU / wall): these used more threads than set, so their wall times, and the speedups "
+        "against them, favour them."
+    )
+
+
 def worker_memory(group: str, impl: str, size: dict[str, int]) -> dict[str, Any]:
     return {"peak_mb": peak_memory_of_call(build(group, impl, size))}
 
@@ -385,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     size = SIZES["quick" if args.quick else "full"]
     repeats = args.repeats or size["repeats"]
+    cpus = limit_cpus(args.threads)  # inherited by every worker process
 
     if args.worker is not None:
         import torch
@@ -564,8 +584,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         ffn_note,
         "",
-        "Threads: torch and XLA both ran on "
-        f"{args.threads} thread(s) (torch.set_num_threads; XLA_FLAGS with the Eigen pool off). "
+        "Threads: torch and XLA were both set to "
+        f"{args.threads} thread(s) (torch.set_num_threads; XLA_FLAGS with the Eigen pool off), "
+        f"every process {cpus}. "
+        + _threads_used_note(timings, args.threads) + " "
         "The float32 `fc_kernel` difference is neural-tangents' float32 rounding, amplified "
         "by arccos near the diagonal (ours computes in float64; in float64 both agree to "
         "the digits shown).",

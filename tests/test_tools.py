@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,37 @@ def test_benchmark_harness_reports_spread_and_machine() -> None:
            "ref": "r", "ref_s": 0.004, "ref_iqr_s": 0.0002, "speedup": 2.0}
     table = _harness.markdown_table([row], memory=False)
     assert "2.0 ms (IQR 0.1 ms)" in table and "4.0 ms (IQR 0.2 ms)" in table
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs sched_setaffinity and at least 2 CPUs")
+def test_limit_cpus_pins_existing_and_new_threads_and_children() -> None:
+    """In a child process (the test process stays unpinned): a thread started before the call
+    and one started after it, and a grandchild process, all end up on one CPU."""
+    code = textwrap.dedent('''
+        import json, os, subprocess, sys, threading
+        sys.path.insert(0, sys.argv[1])
+        import _harness
+        ready, done, seen = threading.Event(), threading.Event(), {}
+        def early():
+            ready.set(); done.wait(); seen["early"] = sorted(os.sched_getaffinity(0))
+        t = threading.Thread(target=early); t.start(); ready.wait()
+        note = _harness.limit_cpus(1)
+        done.set(); t.join()
+        late = threading.Thread(target=lambda: seen.__setitem__("late", sorted(os.sched_getaffinity(0))))
+        late.start(); late.join()
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True).stdout.strip()
+        print(json.dumps({"note": note, "main": sorted(os.sched_getaffinity(0)), "child": child, **seen}))
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "benchmarks")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(got["main"]) == 1 and got["early"] == got["late"] == got["main"]
+    assert got["child"] == str(got["main"]) and "pinned to CPU" in got["note"]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _harness
+
+    with pytest.raises(ValueError, match="threads"):
+        _harness.limit_cpus(0)
+    assert _harness.limit_cpus(len(os.sched_getaffinity(0))).startswith("all ")  # nothing to restrict
