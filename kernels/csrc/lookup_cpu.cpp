@@ -717,6 +717,29 @@ constexpr int64_t kGatherPrefetch = GATHER_PREFETCH;
 // gather (accumulate_tile, y in L1) 341-364 ms in the same run. With every row in the L2
 // (codes % 4) the 128-column gather takes ~175-210 ms: the rest is waiting for rows. Transparent huge pages for the tables changed nothing
 // (311 against 321 ms): not TLB misses.
+// Issue 15 (Zen 5 EPYC, 1 thread pinned, load 1.1-1.8, medians of 5 interleaved runs,
+// 32768 tokens, (256, 8, 64); each variant a -D build of this file; base fp16 gather
+// 246-253 ms, in L2 209-216 ms): every variant below gave bit-identical outputs, none a
+// faster gather from memory, so none is kept.
+//  * fewer prefetches per 256-byte row chunk (the first 1 / 2 / 3 of its 4 lines): in
+//    L2 198 / 203 / 199 ms, from memory 627-664 / 618 / 555 ms -- every line must be
+//    prefetched (no hardware prefetcher covers the rest of a chunk in time);
+//  * hint: prefetcht0 / prefetcht2 / prefetchnta at 64 pairs: 294 / 251 / 292 ms;
+//  * k loop unrolled by 2: 265 against 272 ms (noise); the loop is already one
+//    vcvtph2ps with a memory operand + one FMA per 16 columns into 8 register
+//    accumulators, no spills (objdump);
+//  * bfloat16 as 32 entries per zmm, even columns v << 16, odd v & 0xFFFF0000, two
+//    accumulator sets interleaved per token (exact): from memory 257-276 against
+//    248-280 ms, in L2 265 against 219 ms -- slower, not kept;
+//  * 256 columns per pass (16 accumulators): in L2 184 against 215 ms, but from memory
+//    411-414 ms (prefetch 16 / 32 / 64 pairs ahead: 443 / 426 / 412 ms), presumably
+//    because the 32 MiB slice no longer stays in the L3;
+//  * super-tiles of 2016 / 4032 tokens (more reuse of the slice per pass): gather
+//    266 / 286 against 281 ms (noise; the fused kernel not faster either).
+// At (128, 8, 64): fp16 gather 97 ms (in L2 80), the bfloat16 variant 113 against 101 ms,
+// 256 columns 133 ms.
+// So the gather from memory is bound by getting rows into the L2 in time, not by its
+// instructions; the in-L2 time (~210 ms) is the floor the 128-column layout allows.
 template <typename R, int CV>
 void gather_column_block(const typename R::S* __restrict tables,
                          const int64_t* __restrict offsets, const float* __restrict weights,
