@@ -103,12 +103,16 @@ def bench_shape(d: int, batch: int, threads: int, repeats: int, ffht: Optional[A
     fns: dict[str, Callable[[], Any]] = {"ours": looped(lambda: fwht(x, False), count)}
     if ffht is not None:
         fns["ffht"] = looped(lambda: ffht.fht(xn, threads), count)
-    if d * batch <= MAX_TORCH_ELEMENTS:
-        fns["torch"] = looped(lambda: fwht_torch(x, False), count)
     # No idle pause between calls: torch and FFHT share one OpenMP runtime (torch's
     # libgomp), and a pause lets its workers fall asleep, so that on a loaded machine each
     # parallel call then waits up to a scheduler time slice (~20 ms) to wake one.
+    # Ours and FFHT alternate, each right after the other on the same buffer; the slow
+    # torch-operations FWHT is timed in rounds of its own: interleaved with them, it ran just
+    # before ours in every round, and its temporaries evicted the array from the caches
+    # before each of our calls (at two threads that slowed ours up to 1.8x, FFHT not at all).
     times = time_interleaved(fns, repeats)
+    if d * batch <= MAX_TORCH_ELEMENTS:
+        times.update(time_interleaved({"torch": looped(lambda: fwht_torch(x, False), count)}, repeats))
     per_call = {k: {s: v / count for s, v in t.items()} for k, t in times.items()}
     ours = per_call["ours"]
     gbytes = 2 * 4 * d * batch / 1e9
