@@ -1148,23 +1148,32 @@ void lookup_bh_tokens(const T* x, const T* blocks, const Acc& acc, T* y, int64_t
   });
 }
 
-torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
-                                    const torch::Tensor& tables, int64_t tau, bool scaled) {
-  // tables of x's dtype or, for float32 x, float16 / bfloat16 (see check_lookup_tables)
+// Sizes of a fused BH LookupFFN call, after the checks both entry points below share.
+struct BHLookupShape {
+  int64_t n, d_in, m, copies, b, dp, h, d;
+};
+
+inline BHLookupShape check_bh_lookup(const torch::Tensor& x, const torch::Tensor& blocks,
+                                     const torch::Tensor& tables, int64_t tau) {
   check_float_cpu(x, "x", 2);
   NNK_ARG(check_lookup_tables(tables, x.scalar_type()) == tau,
           "tables must have 2^tau = 2^", tau, " rows");
   check_bh(x, blocks, tables.size(0) * tau);
-  const int64_t n = x.size(0), d_in = x.size(1);
-  const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
-  const int64_t dp = blocks.size(2) * b;
-  const int64_t h = tables.size(0), d = tables.size(2);
-  auto y = empty_output({n, d}, x.scalar_type());
-  if (n == 0) return y;
+  const int64_t b = blocks.size(3);
+  return {x.size(0), x.size(1), blocks.size(0), blocks.size(1), b, blocks.size(2) * b,
+          tables.size(0), tables.size(2)};
+}
+
+torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
+                                    const torch::Tensor& tables, int64_t tau, bool scaled) {
+  // tables of x's dtype or, for float32 x, float16 / bfloat16 (see check_lookup_tables)
+  const BHLookupShape g = check_bh_lookup(x, blocks, tables, tau);
+  auto y = empty_output({g.n, g.d}, x.scalar_type());
+  if (g.n == 0) return y;
   dispatch_tables(tables, x.scalar_type(), [&](auto zero, const auto& acc) {
     using T = decltype(zero);
-    lookup_bh_tokens<T>(x.data_ptr<T>(), blocks.data_ptr<T>(), acc, y.data_ptr<T>(), n, d_in,
-                        m, copies, dp, b, h, tau, d, scaled);
+    lookup_bh_tokens<T>(x.data_ptr<T>(), blocks.data_ptr<T>(), acc, y.data_ptr<T>(), g.n, g.d_in,
+                        g.m, g.copies, g.dp, g.b, g.h, tau, g.d, scaled);
   });
   return y;
 }
@@ -1187,20 +1196,13 @@ struct HashOnly {
 
 torch::Tensor lookup_bh_hash_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
                                  const torch::Tensor& tables, int64_t tau, bool scaled) {
-  check_float_cpu(x, "x", 2);
-  NNK_ARG(check_lookup_tables(tables, x.scalar_type()) == tau,
-          "tables must have 2^tau = 2^", tau, " rows");
-  check_bh(x, blocks, tables.size(0) * tau);
-  const int64_t n = x.size(0), d_in = x.size(1);
-  const int64_t m = blocks.size(0), copies = blocks.size(1), b = blocks.size(3);
-  const int64_t dp = blocks.size(2) * b;
-  const int64_t h = tables.size(0), d = tables.size(2);
-  auto y = empty_output({n, d}, x.scalar_type());
-  if (n == 0) return y;
+  const BHLookupShape g = check_bh_lookup(x, blocks, tables, tau);
+  auto y = empty_output({g.n, g.d}, x.scalar_type());
+  if (g.n == 0) return y;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lookup_bh_hash_cpu", [&] {
     using T = scalar_t;
     lookup_bh_tokens<T>(x.data_ptr<T>(), blocks.data_ptr<T>(), HashOnly<T>{}, y.data_ptr<T>(),
-                        n, d_in, m, copies, dp, b, h, tau, d, scaled);
+                        g.n, g.d_in, g.m, g.copies, g.dp, g.b, g.h, tau, g.d, scaled);
   });
   return y;
 }
