@@ -42,6 +42,7 @@ Conventions used throughout:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
@@ -696,7 +697,7 @@ def _linear_records(
 
     handles = [layer.register_forward_hook(hook(i)) for i, (_, layer) in enumerate(layers)]
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), _fast_linear_mode():
             out = output_fn(model, inputs)
     finally:
         for h in handles:
@@ -735,14 +736,18 @@ def _linear_records(
                     f"layer {layers[i][0]!r} saw a leading dimension of {x_in.shape[0]} "
                     f"for {n} samples; samples must stay on the first axis"
                 )
-            per_out = []
-            for grads in grads_per_output:
-                g = grads[pos + j]
-                per_out.append(torch.zeros_like(y) if g is None else g)
+            per_out = [
+                (torch.zeros_like(y) if grads[pos + j] is None else grads[pos + j].detach())
+                .reshape(1, n, -1, y.shape[-1])
+                for grads in grads_per_output
+            ]
             a_parts.append(x_in.reshape(n, -1, x_in.shape[-1]))
-            g_parts.append(torch.stack(per_out).detach().reshape(k, n, -1, y.shape[-1]))
+            g_parts.append(per_out[0] if k == 1 else torch.cat(per_out, 0))
         pos += len(calls[i])
-        records.append((torch.cat(a_parts, 1), torch.cat(g_parts, 2)))
+        if len(a_parts) == 1:  # one call: no copies
+            records.append((a_parts[0], g_parts[0]))
+        else:
+            records.append((torch.cat(a_parts, 1), torch.cat(g_parts, 2)))
     return records, n, k, param_grads
 
 
@@ -750,7 +755,42 @@ def _pair_gram(u1: Tensor, u2: Tensor) -> Tensor:
     """``(n1, T1, n2, T2)`` Gram of token vectors ``(n, T, m)``."""
     n1, t1, m = u1.shape
     n2, t2, _ = u2.shape
-    return (u1.reshape(n1 * t1, m) @ u2.reshape(n2 * t2, m).T).reshape(n1, t1, n2, t2)
+    return _gemm_nt(u1.reshape(n1 * t1, m), u2.reshape(n2 * t2, m)).reshape(n1, t1, n2, t2)
+
+
+#: Token rows per block of the symmetric token-pair sum (:func:`_pair_product_sum`):
+#: blocks of about this many rows keep each GEMM efficient while the blocks below the
+#: diagonal, which are skipped, approach half of the work.
+_SYM_BLOCK_ROWS = 128
+
+
+def _pair_product_sum(a1: Tensor, g1: Tensor, a2: Tensor, g2: Tensor, same: bool) -> Tensor:
+    """``(n1, n2)`` sums :math:`\sum_{t,s}(a_{it}\cdot a'_{js})(g_{it}\cdot g'_{js})` of
+    token vectors ``a`` ``(n, T, p)`` and ``g`` ``(n, T, q)``.
+
+    ``same`` (``a2 is a1``, ``g2 is g1``): the result is symmetric, so only sample
+    blocks on and above the diagonal are formed (row blocks of about
+    :data:`_SYM_BLOCK_ROWS` tokens against themselves and every later sample) and
+    mirrored: with ``B`` blocks, ``(B + 1) / 2B`` of the two GEMMs' work."""
+    n1, t1 = a1.shape[:2]
+    n2, t2 = a2.shape[:2]
+    a1f, g1f = a1.reshape(n1 * t1, -1), g1.reshape(n1 * t1, -1)
+    if not same:
+        ga = _gemm_nt(a1f, a2.reshape(n2 * t2, -1))
+        gg = _gemm_nt(g1f, g2.reshape(n2 * t2, -1))
+        return (ga * gg).reshape(n1, t1, n2, t2).sum((1, 3))
+    out = torch.empty((n1, n1), dtype=a1.dtype, device=a1.device)
+    step = max(1, -(-_SYM_BLOCK_ROWS // t1))  # samples per row block
+    for i0 in range(0, n1, step):
+        i1 = min(n1, i0 + step)
+        rows, cols = slice(i0 * t1, i1 * t1), slice(i0 * t1, None)
+        prod = _gemm_nt(a1f[rows], a1f[cols]).mul_(_gemm_nt(g1f[rows], g1f[cols]))
+        block = prod.reshape(i1 - i0, t1, n1 - i0, t1).sum((1, 3))
+        diag = block[:, : i1 - i0]
+        diag.copy_(0.5 * (diag + diag.T))  # exactly symmetric (the two sums round differently)
+        out[i0:i1, i0:] = block
+        out[i0:, i0:i1] = block.T
+    return out
 
 
 def _linear_layer_ntk(
@@ -758,6 +798,7 @@ def _linear_layer_ntk(
     rec1: tuple[Tensor, Tensor],
     rec2: tuple[Tensor, Tensor],
     trace: bool,
+    same: bool = False,
 ) -> Tensor:
     """One layer's NTK term ``(n1, n2, k, k)`` (``(n1, n2)`` when ``k == 1`` or ``trace``).
 
@@ -783,24 +824,26 @@ def _linear_layer_ntk(
     if not w_on:
         return theta
     pair_cost = n1 * n2 * t1 * t2 * (d_in + kk * d_out)
-    grad_cost = (n1 * t1 + n2 * t2) * k * d_in * d_out + n1 * n2 * kk * d_in * d_out
+    if same and (kk == 1 or trace):  # the symmetric blocks of _pair_product_sum
+        pair_cost //= 2
+    formed = n1 * t1 if same else n1 * t1 + n2 * t2  # tokens whose gradients are formed
+    grad_cost = formed * k * d_in * d_out + n1 * n2 * kk * d_in * d_out
     if t1 * t2 == 1 or pair_cost <= grad_cost:
-        ga = _pair_gram(a1, a2)  # (n1, T1, n2, T2)
         if kk == 1 and not trace:
-            gg = _pair_gram(g1[0], g2[0])
-            w_term = (ga * gg).sum((1, 3))
+            w_term = _pair_product_sum(a1, g1[0], a2, g2[0], same)
         elif trace:
             u1 = g1.permute(1, 2, 0, 3).reshape(n1, t1, k * d_out)
-            u2 = g2.permute(1, 2, 0, 3).reshape(n2, t2, k * d_out)
-            w_term = (ga * _pair_gram(u1, u2)).sum((1, 3))
+            u2 = u1 if same else g2.permute(1, 2, 0, 3).reshape(n2, t2, k * d_out)
+            w_term = _pair_product_sum(a1, u1, a2, u2, same)
         else:
-            gg = (g1.reshape(k * n1 * t1, d_out) @ g2.reshape(k * n2 * t2, d_out).T).reshape(
+            ga = _pair_gram(a1, a2)  # (n1, T1, n2, T2)
+            gg = _gemm_nt(g1.reshape(k * n1 * t1, d_out), g2.reshape(k * n2 * t2, d_out)).reshape(
                 k, n1, t1, k, n2, t2
             )
             w_term = torch.einsum("itjs,aitbjs->ijab", ga, gg)
     else:
         e1 = torch.einsum("knto,nti->knoi", g1, a1).reshape(k, n1, -1)
-        e2 = torch.einsum("knto,nti->knoi", g2, a2).reshape(k, n2, -1)
+        e2 = e1 if same else torch.einsum("knto,nti->knoi", g2, a2).reshape(k, n2, -1)
         w_term = _delta_gram(e1, e2, k, trace)
     return theta + (s_w * s_w) * w_term
 
@@ -884,12 +927,14 @@ def _linear_gram(model, layers, output_fn, x1, x2, trace) -> Tensor:
         for (_, layer), r1, r2 in zip(layers, rec1, rec2):
             if r1 is None or r2 is None:  # the layer never ran: its gradient is zero
                 continue
-            term = _linear_layer_ntk(layer, r1, r2, trace)
+            term = _linear_layer_ntk(layer, r1, r2, trace, same=x2 is None)
             theta = term if theta is None else theta + term
     if theta is None:
         ref = next(p for _, m in layers for p in m.parameters())
         shape = (n1, n2) if (k == 1 or trace) else (n1, n2, k, k)
         theta = torch.zeros(shape, dtype=ref.dtype, device=ref.device)
+    elif x2 is None:  # exactly symmetric: the terms' two halves may round differently
+        theta = 0.5 * (theta + (theta.T if theta.ndim == 2 else theta.permute(1, 0, 3, 2)))
     return theta
 
 
@@ -975,13 +1020,112 @@ def _onednn_linear_available() -> bool:
         gen = torch.Generator().manual_seed(0)
         a = torch.randn(5, 7, generator=gen)
         b = torch.randn(3, 7, generator=gen)
-        got = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
-        return bool(
+        bt = torch.randn(7, 3, generator=gen)
+        checks = (
+            (torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""), a @ b.T),
+            # a transposed (column-major) weight, as the backward pass of _OneDNNLinear passes
+            (torch.ops.mkldnn._linear_pointwise(a, bt.t(), None, "none", [], ""), a @ bt),
+        )
+        return all(
             isinstance(got, Tensor) and not got.is_mkldnn and got.shape == (5, 3)
-            and torch.allclose(got, a @ b.T, rtol=1e-5, atol=1e-6)
+            and torch.allclose(got, ref, rtol=1e-5, atol=1e-6)
+            for got, ref in checks
         )
     except (RuntimeError, AttributeError, TypeError):
         return False
+
+
+def _linear_onednn(x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+    """``x @ w.T + b`` for float32 CPU ``x`` ``(..., in)``, ``w`` ``(out, in)`` through
+    oneDNN's inner product (the GEMM of :func:`_gemm_nt`)."""
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    if not (w.is_contiguous() or w.t().is_contiguous()):  # a transposed weight needs no copy
+        w = w.contiguous()
+    y = torch.ops.mkldnn._linear_pointwise(
+        x2, w, None if b is None else b.contiguous(), "none", [], ""
+    )
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+def _engine_will_run(ctx, index: int) -> bool:
+    """Whether the running backward pass needs the gradient of input ``index`` of the
+    custom-function node ``ctx``: ``ctx.needs_input_grad`` says only whether it
+    *requires* grad (fixed at forward time), not whether this ``autograd.grad`` call
+    asked for it. Uses the engine's own query (``torch._C._will_engine_execute_node``,
+    private); when that is unavailable or cannot answer, the gradient is computed."""
+    if not ctx.needs_input_grad[index]:
+        return False
+    try:
+        node = ctx.next_functions[index][0]
+        return node is None or bool(torch._C._will_engine_execute_node(node))
+    except (AttributeError, RuntimeError, IndexError):
+        return True
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """``F.linear`` with oneDNN GEMMs forward and backward (float32, CPU). Its backward
+    is written with differentiable operations, so higher derivatives work; a
+    parameter's gradient is formed only when the backward pass will use it."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return _linear_onednn(x, w, b)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, w = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])
+        grad_x = grad_w = grad_b = None
+        if _engine_will_run(ctx, 0):
+            grad_x = _OneDNNLinear.apply(grad, w.t(), None)
+        if _engine_will_run(ctx, 1):
+            grad_w = g2.t() @ x.reshape(-1, x.shape[-1])
+        if ctx.has_bias and _engine_will_run(ctx, 2):
+            grad_b = g2.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+class _OneDNNLinearMode(torch.overrides.TorchFunctionMode):
+    """Within this mode every ``F.linear`` (so every ``nn.Linear``) on float32 CPU
+    tensors runs through :class:`_OneDNNLinear`; every other call, and any linear it
+    cannot take (other dtypes or devices, tensor subclasses, functorch transforms,
+    shapes ``F.linear`` itself rejects), runs unchanged. Used by
+    :func:`_linear_records`, where the forward and backward passes of the model are
+    most of the Gram trick's time: torch's own float32 GEMM here is OpenBLAS (AVX2)
+    at about 100 GFLOP/s on one core, oneDNN about 210 (``bench_ntk.py``)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.linear:
+            routed = self._route(*args, **kwargs)
+            if routed is not None:
+                return _OneDNNLinear.apply(*routed)
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _route(input=None, weight=None, bias=None):
+        def plain(t):
+            return type(t) in (Tensor, nn.Parameter) and t.dtype == torch.float32 \
+                and t.device.type == "cpu" and t.layout == torch.strided
+        if not (plain(input) and plain(weight) and (bias is None or plain(bias))):
+            return None
+        if torch._C._are_functorch_transforms_active():
+            return None
+        if weight.ndim != 2 or input.ndim < 2 or input.shape[-1] != weight.shape[1] \
+                or input.numel() == 0 or weight.numel() == 0:
+            return None
+        if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+            return None
+        return input, weight, bias
+
+
+def _fast_linear_mode():
+    """:class:`_OneDNNLinearMode` when oneDNN's inner product works here, else a no-op."""
+    if _onednn_linear_available():
+        return _OneDNNLinearMode()
+    return contextlib.nullcontext()
 
 
 def _gemm_nt(a: Tensor, b: Tensor) -> Tensor:

@@ -602,6 +602,121 @@ def test_linear_gram_ntk_matches_neural_tangents_over_tokens(nt_ref, activation,
     assert rel_err(got if out_dim > 1 else got[..., None, None], ref) < 1e-10
 
 
+@pytest.mark.parametrize("n, tokens, rows", [(1, 3, 2), (5, 1, 2), (7, 3, 4), (8, 4, 8), (6, 5, 64), (9, 2, 5)])
+def test_pair_product_sum_matches_loops(monkeypatch, n, tokens, rows):
+    # The token-pair sum sum_{t,s} (a_t . a'_s)(g_t . g'_s) against a loop over sample
+    # pairs; the symmetric path (x2 = None) with row blocks of `rows` tokens, blocks
+    # that split samples unevenly and one block holding every sample.
+    from kernels import ntk as ntk_mod
+
+    monkeypatch.setattr(ntk_mod, "_SYM_BLOCK_ROWS", rows)
+    a, g = randn(n, tokens, 6, seed=1), randn(n, tokens, 4, seed=2)
+    a2, g2 = randn(3, tokens + 1, 6, seed=3), randn(3, tokens + 1, 4, seed=4)
+
+    def loop(u1, v1, u2, v2):
+        out = torch.zeros(u1.shape[0], u2.shape[0], dtype=F64)
+        for i in range(u1.shape[0]):
+            for j in range(u2.shape[0]):
+                out[i, j] = ((u1[i] @ u2[j].T) * (v1[i] @ v2[j].T)).sum()
+        return out
+
+    sym = ntk_mod._pair_product_sum(a, g, a, g, True)
+    torch.testing.assert_close(sym, loop(a, g, a, g), rtol=1e-12, atol=1e-12)
+    assert torch.equal(sym, sym.T)
+    torch.testing.assert_close(ntk_mod._pair_product_sum(a, g, a2, g2, False), loop(a, g, a2, g2),
+                               rtol=1e-12, atol=1e-12)
+
+
+def _fast_linear_or_skip():
+    from kernels.ntk import _onednn_linear_available
+
+    if not _onednn_linear_available():
+        pytest.skip("torch has no working oneDNN inner product here")
+
+
+@pytest.mark.parametrize("x_shape, bias, w_grad, x_grad", [
+    ((6, 7), True, True, True), ((3, 5, 7), True, False, True), ((2, 3, 4, 7), False, True, False),
+    ((5, 7), False, False, True), ((4, 7), True, True, False),
+])
+def test_onednn_linear_mode_matches_f_linear(x_shape, bias, w_grad, x_grad):
+    # Values, first and second derivatives of F.linear routed through oneDNN against
+    # torch's own F.linear (float32: different summation order, so a tolerance).
+    from kernels.ntk import _OneDNNLinearMode
+
+    _fast_linear_or_skip()
+    f = nn.functional.linear
+    x = randn(*x_shape, seed=1, dtype=torch.float32).requires_grad_(x_grad)
+    w = randn(5, 7, seed=2, dtype=torch.float32).requires_grad_(w_grad)
+    b = randn(5, seed=3, dtype=torch.float32).requires_grad_(w_grad) if bias else None
+    v = randn(*x_shape[:-1], 5, seed=4, dtype=torch.float32)
+    wanted = [t for t in (x, w, b) if t is not None and t.requires_grad]
+
+    def derivatives():
+        y = f(torch.tanh(x), w, b)  # tanh: a second derivative that is not zero
+        loss = (y * v).sum() + (y ** 2).sum()
+        grads = torch.autograd.grad(loss, wanted, create_graph=True)
+        second = torch.autograd.grad(sum((gr ** 2).sum() for gr in grads), wanted)
+        return y, grads, second
+
+    ref = derivatives()
+    with _OneDNNLinearMode():
+        got = derivatives()
+        assert type(got[0].grad_fn).__name__ == "_OneDNNLinearBackward"  # it was routed
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    for g_got, g_ref in zip(got[1] + got[2], ref[1] + ref[2]):
+        torch.testing.assert_close(g_got, g_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_onednn_linear_mode_leaves_other_calls_alone():
+    from torch.func import vmap
+
+    from kernels.ntk import _OneDNNLinearMode
+
+    _fast_linear_or_skip()
+    f = nn.functional.linear
+    x64, w64 = randn(4, 3, seed=1), randn(2, 3, seed=2)
+    x32, w32 = x64.float(), w64.float()
+    with _OneDNNLinearMode():
+        assert torch.equal(f(x64, w64), x64 @ w64.T)  # float64: torch's own
+        assert f(x32[0], w32).grad_fn is None and torch.equal(f(x32[0], w32), f(x32, w32)[0])  # 1-D input
+        torch.testing.assert_close(vmap(lambda r: f(r, w32))(x32), x32 @ w32.T)  # under vmap: torch's own
+        with pytest.raises(RuntimeError):  # F.linear's own error for mismatched shapes
+            f(x32, randn(2, 4, seed=3, dtype=torch.float32))
+        y = f(x32, w32.requires_grad_(True))
+        assert type(y.grad_fn).__name__ == "_OneDNNLinearBackward"
+
+
+def test_linear_gram_ntk_float32_fast_path_skips_weight_gradients(monkeypatch):
+    # float32: oneDNN GEMMs for the model's linear layers and the Gram blocks, the
+    # symmetric path in several row blocks; against torch.func in float64 on the same
+    # weights. The backward passes ask for the layers' output gradients only, so no
+    # weight gradient is formed (the engine query says so on this torch).
+    from kernels import ntk as ntk_mod
+
+    _fast_linear_or_skip()
+    monkeypatch.setattr(ntk_mod, "_SYM_BLOCK_ROWS", 8)
+    asked: list[tuple[int, bool]] = []
+    real = ntk_mod._engine_will_run
+
+    def spy(ctx, index):
+        out = real(ctx, index)
+        asked.append((index, out))
+        return out
+
+    monkeypatch.setattr(ntk_mod, "_engine_will_run", spy)
+    model = _TokenFFNModel(6, 40, 2, 1, True, gen(4))
+    x = randn(9, 5, 6, seed=5)
+    ref = funcjac_ntk(model, x, x)[:, :, 0, 0]
+    model32, x32 = model.float(), x.float()
+    got = linear_gram_ntk(model32, x32)
+    got2 = linear_gram_ntk(model32, x32, x32.clone())
+    scale = ref.abs().max()
+    torch.testing.assert_close(got.double(), ref, rtol=0, atol=1e-5 * scale)
+    torch.testing.assert_close(got2.double(), ref, rtol=0, atol=1e-5 * scale)
+    assert torch.equal(got, got.T)
+    assert asked and not any(out for index, out in asked if index == 1)  # no weight gradient
+
+
 def test_linear_gram_ntk_output_fn_frozen_layers_and_errors():
     model = _TokenFFNModel(5, 7, 2, 1, True, gen(0))
     x = randn(4, 3, 5, seed=3)
