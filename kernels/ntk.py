@@ -881,9 +881,13 @@ def linear_gram_ntk(
     Returns:
         ``(n1, n2)`` for one output per sample (or ``trace_outputs``), else
         ``(n1, n2, k, k)``, detached, in the dtype of the recorded activations. Cost one
-        forward and ``k`` backward passes per input set plus, per layer, the cheaper of
+        forward and ``k`` backward passes per input set (to the layers' outputs only: no
+        weight gradient is formed; float32 ``nn.Linear`` calls on the CPU run on
+        oneDNN's GEMM, see :class:`_OneDNNLinearMode`) plus, per layer, the cheaper of
         the token-pair and the per-sample-gradient contractions (see
-        :func:`_linear_layer_ntk`); memory: the recorded activations and gradients.
+        :func:`_linear_layer_ntk`; for ``x2=None`` only the blocks on and above the
+        diagonal, and the result is exactly symmetric); memory: the recorded
+        activations and gradients.
 
     Raises:
         TypeError: ``model`` not a module, ``output_fn`` not callable, ``trace_outputs``
