@@ -92,6 +92,28 @@ def test_no_network_calls_in_notebook(path: Path) -> None:
             assert not m, f"{path.name} cell {i} reaches the network ({m.group(0)})"
 
 
+#: Control characters that no cell should hold: in Markdown they are almost always a
+#: LaTeX command eaten by a string escape (``"\top"`` written as TAB + "op", ``"\rangle"`` as
+#: CR + "angle"), which the book then renders as broken maths.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_control_characters(path: Path) -> None:
+    for i, cell in enumerate(_nb(path).cells):
+        for line_no, line in enumerate(cell.source.split("\n"), 1):
+            found = CONTROL.search(line)
+            assert found is None, (
+                f"{path.name} cell {i} ({cell.cell_type}) line {line_no} holds the control character "
+                f"{found.group()!r}: {line[:80]!r} (a LaTeX command eaten by a string escape?)"
+            )
+        if cell.cell_type == "markdown":  # a lost backslash before "nabla" leaves "abla" at a line start
+            assert not re.search(r"^(abla|angle)\b", cell.source, re.M), (
+                f"{path.name} cell {i}: a line starts with 'abla'/'angle' (a '\\nabla' or '\\rangle' "
+                "eaten by a string escape?)"
+            )
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_title_and_kernel(path: Path) -> None:
     nb = _nb(path)
