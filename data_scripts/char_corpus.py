@@ -155,7 +155,7 @@ def _fold_char(c: str) -> str:
 
 def normalise_text(text: str) -> str:
     """ASCII-fold ``text``: typographic punctuation to ASCII, accents dropped (NFKD),
-    ``\r\n`` and ``\r`` to ``\n``, tabs to four spaces, any other character outside
+    ``\\r\\n`` and ``\\r`` to ``\\n``, tabs to four spaces, any other character outside
     printable ASCII to U+FFFD (one per character).
 
     Cost: O(len(text)) in C (a regular-expression scan) plus a dictionary look-up per

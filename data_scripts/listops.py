@@ -483,7 +483,7 @@ def write_listops_tsv(path: Union[str, os.PathLike], expressions: Sequence[Expre
                       labels: Optional[Sequence[int]] = None) -> None:
     """Write expressions in LRA's TSV format (header ``Source<TAB>Target``, parenthesised sources).
 
-    Lines end with ``\r\n``, the default of Python's ``csv.writer`` that LRA's generator
+    Lines end with ``\\r\\n``, the default of Python's ``csv.writer`` that LRA's generator
     used. ``labels`` default to the values of the expressions. Useful to export generated
     data for other code bases, and to make the test fixtures.
     """

@@ -109,3 +109,22 @@ def test_no_collision_warning_in_this_environment() -> None:
     proc = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", "import kernels, data_scripts"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_docstrings_hold_no_control_characters() -> None:
+    # A LaTeX command in a docstring that is not raw and not escaped turns into a control
+    # character: ":math:`a^\top`" holds a TAB, "``\r\n``" a carriage return.
+    import ast
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    bad = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+    found = []
+    for folder in ("kernels", "data_scripts", "book/nnk_book", "book/tools", "benchmarks"):
+        for path in sorted((root / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+                    doc = ast.get_docstring(node, clean=False)
+                    if doc and bad.search(doc):
+                        found.append(f"{path.relative_to(root)}: {getattr(node, 'name', '<module>')}")
+    assert not found, f"docstrings with control characters (escape the backslash or use r\"\"\"): {found}"
