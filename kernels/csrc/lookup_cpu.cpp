@@ -861,30 +861,113 @@ void dispatch_tables(const torch::Tensor& tables, torch::ScalarType compute, Fn&
   }
 }
 
-// Codes (as row offsets, in entries) and weights of the h tables for one token; expo is
-// an h * tau scratch buffer.
+// zt[j h + k] = z[k tau + j]: the token's h x tau soft codes transposed, so that the loops
+// below run over tables (vector lanes) with the tau features of a table one after another.
+// With AVX-512 and tau = 8, 16 tables (8 vectors) at a time in registers: three rounds of
+// two-source lane permutes, each swapping one bit of the vector index with one bit of the
+// lane index, then one permute that puts the tables in order; the rest element by element.
 template <typename T>
-inline void token_codes_weights(const T* __restrict z, T* __restrict expo,
+inline void transpose_features(const T* __restrict z, T* __restrict zt, int64_t h, int64_t tau) {
+  int64_t k0 = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same<T, float>::value) {
+    if (tau == 8) {
+      // lanes p of the stage-s outputs X (index bit s now 0) and Y (bit s now 1) of the
+      // vector pair (A: bit s of the vector index 0, B: 1); 16 + p selects B's lane p
+      struct Indices {
+        alignas(64) int32_t ix[3][16], iy[3][16], order[16];
+        constexpr Indices() : ix(), iy(), order() {
+          for (int s = 0; s < 3; ++s)
+            for (int p = 0; p < 16; ++p) {
+              const int bit = 1 << s;
+              ix[s][p] = (p & bit) ? 16 + (p & ~bit) : p;
+              iy[s][p] = (p & bit) ? 16 + p : (p | bit);
+            }
+          // after the rounds lane p = 8 i3 + a holds table 2 a + i3
+          for (int l = 0; l < 16; ++l) order[l] = 8 * (l & 1) + (l >> 1);
+        }
+      };
+      static constexpr Indices idx{};
+      __m512i vx[3], vy[3];
+      for (int s = 0; s < 3; ++s) {
+        vx[s] = _mm512_load_si512(idx.ix[s]);
+        vy[s] = _mm512_load_si512(idx.iy[s]);
+      }
+      const __m512i vorder = _mm512_load_si512(idx.order);
+      for (; k0 + 16 <= h; k0 += 16) {
+        __m512 r[8];
+#pragma GCC unroll 8
+        for (int a = 0; a < 8; ++a) r[a] = _mm512_loadu_ps(z + k0 * 8 + 16 * a);
+#pragma GCC unroll 3
+        for (int s = 0; s < 3; ++s) {
+          const int bit = 1 << s;
+#pragma GCC unroll 8
+          for (int a = 0; a < 8; ++a) {
+            if (a & bit) continue;
+            const __m512 A = r[a], B = r[a | bit];
+            r[a] = _mm512_permutex2var_ps(A, vx[s], B);
+            r[a | bit] = _mm512_permutex2var_ps(A, vy[s], B);
+          }
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) _mm512_storeu_ps(zt + j * h + k0, _mm512_permutexvar_ps(vorder, r[j]));
+      }
+    }
+  }
+#endif
+  for (int64_t k = k0; k < h; ++k)
+    for (int64_t j = 0; j < tau; ++j) zt[j * h + k] = z[k * tau + j];
+}
+
+// Codes (as row offsets, in entries) and weights of the h tables for one token; scratch is
+// a 2 h tau buffer. The same arithmetic as the literal loop (features of a table in the
+// order j = 0, 1, ..; sign bits, product of 1 + exp(-2 |z|), sum of |z|), vectorised over
+// tables on the transposed soft codes. (Before: the same loop over k with the features
+// contiguous, scalar: ~26 ms of the 220 ms hash at (256, 8, 64), 32768 tokens.)
+template <typename T>
+inline void token_codes_weights(const T* __restrict z, T* __restrict scratch,
                                 int64_t* __restrict codes, T* __restrict weights, int64_t h,
                                 int64_t tau, int64_t d, bool scaled) {
   const int64_t ht = h * tau;
+  T* __restrict zt = scratch;
+  T* __restrict expo = scratch + ht;
+  transpose_features<T>(z, zt, h, tau);
 #pragma omp simd
-  for (int64_t i = 0; i < ht; ++i) expo[i] = T(1) + std::exp(T(-2) * std::abs(z[i]));
+  for (int64_t i = 0; i < ht; ++i) expo[i] = T(1) + std::exp(T(-2) * std::abs(zt[i]));
+  // feature by feature over all tables: the code bits in codes, the product in expo's
+  // first row, the sum of |z| in weights (a loop over k inside one over j vectorises)
   const int64_t rows_per_table = int64_t(1) << tau;
+  T* __restrict denom = expo;
+#pragma omp simd
   for (int64_t k = 0; k < h; ++k) {
-    int64_t code = 0;
-    T denom = T(1), s = T(0);
-    for (int64_t j = 0; j < tau; ++j) {
-      const T v = z[k * tau + j];
-      code |= int64_t(v > T(0)) << j;
-      denom *= expo[k * tau + j];
-      s += std::abs(v);
+    const T v = zt[k];
+    codes[k] = int64_t(v > T(0));
+    denom[k] = T(1) * expo[k];
+    weights[k] = T(0) + std::abs(v);
+  }
+  for (int64_t j = 1; j < tau; ++j) {
+    const T* __restrict zj = zt + j * h;
+    const T* __restrict ej = expo + j * h;
+#pragma omp simd
+    for (int64_t k = 0; k < h; ++k) {
+      const T v = zj[k];
+      codes[k] |= int64_t(v > T(0)) << j;
+      denom[k] *= ej[k];
+      weights[k] += std::abs(v);
     }
+  }
+#pragma omp simd
+  for (int64_t k = 0; k < h; ++k) {
+    codes[k] = (k * rows_per_table + codes[k]) * d;
+    weights[k] = scaled ? weights[k] / denom[k] : T(1) / denom[k];
+  }
+#ifdef NNK_DEBUG
+  for (int64_t k = 0; k < h; ++k) {
+    const int64_t code = codes[k] / d - k * rows_per_table;
     NNK_ASSERT(code >= 0 && code < rows_per_table, "code ", code, " of table ", k,
                " outside [0, ", rows_per_table, ")");
-    codes[k] = (k * rows_per_table + code) * d;
-    weights[k] = scaled ? s / denom : T(1) / denom;
   }
+#endif
 }
 
 // Tokens per tile of the fused kernels: a multiple of every register block below (2, 4,
@@ -909,7 +992,7 @@ void lookup_tokens(const T* z, const Acc& acc, T* y, int64_t n, int64_t h, int64
   const int64_t tiles = (n + kSuperTile - 1) / kSuperTile;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     const int64_t cap = std::min(kSuperTile, n);
-    std::vector<T> expo(ht), weights(cap * h);
+    std::vector<T> expo(2 * ht), weights(cap * h);
     std::vector<int64_t> codes(cap * h);
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t t_first = tile * kSuperTile, count = std::min<int64_t>(kSuperTile, n - t_first);
@@ -1129,7 +1212,7 @@ void lookup_bh_tokens(const T* x, const T* blocks, const Acc& acc, T* y, int64_t
   at::parallel_for(0, supers, 1, [&](int64_t begin, int64_t end) {
     const int64_t cap = std::min(kSuperTile, n);
     std::vector<T> cur(kTile * dp), tmp(kTile * dp), z(kTile * ht);
-    std::vector<T> expo(ht), weights(cap * h);
+    std::vector<T> expo(2 * ht), weights(cap * h);
     std::vector<int64_t> codes(cap * h);
     for (int64_t super = begin; super < end; ++super) {
       const int64_t s_first = super * kSuperTile;
