@@ -1067,7 +1067,36 @@ inline void block_matmul_generic(const T* __restrict in, T* __restrict out,
 #ifdef NNK_FWHT_VECTOR
 // The same product with an R x CV register block of float vectors (rows a multiple of
 // R, b a multiple of CV lanes).
-template <int R, int CV>
+#if defined(__AVX512F__)
+// lane_stages for 16 float lanes with an add and a masked subtract per stage instead of a
+// fused multiply-add by +-1 (the same sums, a + b and a - b), so that the stages run on
+// the adder pipes while the block product keeps the FMA pipes busy.
+inline FwhtVec<float>::V lane_stages_add(FwhtVec<float>::V v) {
+  __m512 x;
+  std::memcpy(&x, &v, sizeof x);
+  // span 1: lanes with bit 0 set take partner - self
+  __m512 t = _mm512_permute_ps(x, 0xB1);  // (1, 0, 3, 2) in each 128-bit lane
+  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xAAAA, t, x);
+  t = _mm512_permute_ps(x, 0x4E);  // (2, 3, 0, 1)
+  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xCCCC, t, x);
+  t = _mm512_shuffle_f32x4(x, x, 0xB1);  // 128-bit lanes (1, 0, 3, 2)
+  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xF0F0, t, x);
+  t = _mm512_shuffle_f32x4(x, x, 0x4E);  // 128-bit lanes (2, 3, 0, 1)
+  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xFF00, t, x);
+  FwhtVec<float>::V out;
+  std::memcpy(&out, &x, sizeof out);
+  return out;
+}
+#endif
+
+// With Stages (b == CV lanes: one register block covers a whole block of the product),
+// the first log2(b) stages of the FWHT that follows (spans 1 .. b/2: within a vector, then
+// across the CV vectors) are applied to the accumulators before they are stored -- the
+// same operations, in the same order, as fwht_rows_vector's first pass, so the same
+// result -- and only the stages across blocks are left to a pass over the tile
+// (fwht_after_stages). Saves the FWHT's separate first pass over the tile (a load and a
+// store of every entry per round; the in-register work overlaps the next block's FMAs).
+template <int R, int CV, bool Stages = false>
 inline void block_matmul_vec(const float* __restrict in, float* __restrict out,
                              const float* __restrict blocks, int64_t rows, int64_t dp,
                              int64_t b) {
@@ -1093,6 +1122,16 @@ inline void block_matmul_vec(const float* __restrict in, float* __restrict out,
             const float xs = x0[r * dp + i];
 #pragma GCC unroll 4
             for (int v = 0; v < CV; ++v) acc[r][v] += xs * bv[v];
+          }
+        }
+        if constexpr (Stages) {
+          constexpr int K = CV == 4 ? 2 : CV == 2 ? 1 : 0;
+          static_assert((1 << K) == CV, "CV must be 1, 2 or 4");
+#pragma GCC unroll 12
+          for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+            for (int v = 0; v < CV; ++v) acc[r][v] = lane_stages_add(acc[r][v]);
+            register_stages<float, K>(acc[r]);
           }
         }
 #pragma GCC unroll 12
@@ -1143,6 +1182,51 @@ inline void block_matmul_tile(const T* in, T* out, const T* blocks, int64_t rows
   block_matmul_generic<T>(in, out, blocks, rows, dp, b);
 }
 
+// Whether the block product of this dtype and block side applies the FWHT's stages within
+// a block itself (block_matmul_vec's Stages: AVX-512, float, b = 16, 32 or 64).
+template <typename T>
+inline bool matmul_applies_stages(int64_t b) {
+#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
+  if constexpr (std::is_same<T, float>::value) return b == 16 || b == 32 || b == 64;
+#endif
+  (void)b;
+  return false;
+}
+
+template <typename T>
+inline void block_matmul_tile_stages(const T* in, T* out, const T* blocks, int64_t rows,
+                                     int64_t dp, int64_t b) {
+#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
+  if constexpr (std::is_same<T, float>::value) {
+    if (b == 64) return block_matmul_vec<kRegBlockRows[0], 4, true>(in, out, blocks, rows, dp, b);
+    if (b == 32) return block_matmul_vec<kRegBlockRows[1], 2, true>(in, out, blocks, rows, dp, b);
+    if (b == 16) return block_matmul_vec<kRegBlockRows[2], 1, true>(in, out, blocks, rows, dp, b);
+  }
+#endif
+  (void)in, (void)out, (void)blocks, (void)rows, (void)dp, (void)b;
+  NNK_ASSERT(false, "block_matmul_tile_stages without matmul_applies_stages");
+}
+
+// The FWHT stages of spans b .. dp/2 (and the scale) in place on `rows` rows of dp whose
+// stages within blocks of b the block product has applied.
+template <typename T>
+inline void fwht_after_stages(T* x, int64_t rows, int64_t dp, int64_t b, T scale) {
+#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
+  if constexpr (std::is_same<T, float>::value) {
+    constexpr int L = FwhtVec<float>::lanes;
+    const int64_t nvec = dp / L, h0 = b / L;
+    if (h0 < nvec) {
+      stride_passes<float>(x, rows * nvec, nvec, h0, scale, true);
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < rows * dp; ++i) x[i] *= scale;
+    }
+    return;
+  }
+#endif
+  (void)x, (void)rows, (void)dp, (void)b, (void)scale;
+}
+
 // FWHT of `rows` consecutive rows of dp, src -> dst (one thread).
 template <typename T>
 inline void fwht_tile(const T* src, T* dst, int64_t rows, int64_t dp, T scale) {
@@ -1169,17 +1253,33 @@ void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_
   const int64_t rows = (count + rb - 1) / rb * rb;
   NNK_ASSERT(d_in <= dp && rows <= kTile && width <= out_stride,
              "tile bounds: d_in ", d_in, " > width ", dp, " or rows ", rows, " > ", kTile);
+  // Tried: the first round reading a full tile of unpadded rows of x in place (no copy):
+  // the hash alone no faster, the fused kernel 0-10 ms slower (x then comes from memory
+  // in the block product's scattered broadcasts instead of one streaming copy).
+  const bool stages = matmul_applies_stages<T>(b);
   for (int64_t c = 0; c < copies; ++c) {
-    std::fill(cur, cur + rows * dp, T(0));
-    for (int64_t t = 0; t < count; ++t)
+    for (int64_t t = 0; t < count; ++t) {
       std::copy(x + t * d_in, x + (t + 1) * d_in, cur + t * dp);
+      std::fill(cur + t * dp + d_in, cur + (t + 1) * dp, T(0));
+    }
+    std::fill(cur + count * dp, cur + rows * dp, T(0));
+    const T* in = cur;
     for (int64_t i = 0; i < m; ++i) {
-      block_matmul_tile<T>(cur, tmp, blocks + (i * copies + c) * dp * b, rows, dp, b);
-      fwht_tile<T>(tmp, cur, rows, dp, scale);
+      const T* bi = blocks + (i * copies + c) * dp * b;
+      if (stages) {
+        T* dst = in == tmp ? cur : tmp;
+        block_matmul_tile_stages<T>(in, dst, bi, rows, dp, b);
+        fwht_after_stages<T>(dst, rows, dp, b, scale);
+        in = dst;
+      } else {
+        block_matmul_tile<T>(in, tmp, bi, rows, dp, b);
+        fwht_tile<T>(tmp, cur, rows, dp, scale);
+        in = cur;
+      }
     }
     const int64_t lo = c * dp, hi = std::min<int64_t>(width, (c + 1) * dp);
     for (int64_t t = 0; t < count; ++t)
-      std::copy(cur + t * dp, cur + t * dp + (hi - lo), out + t * out_stride + lo);
+      std::copy(in + t * dp, in + t * dp + (hi - lo), out + t * out_stride + lo);
   }
 }
 
