@@ -974,6 +974,9 @@ inline void token_codes_weights(const T* __restrict z, T* __restrict scratch,
 // 6, 8, 12 tokens). 48 tokens keep the tile's activations (2 x 48 x d_pad floats, 192 KiB
 // at d_pad = 512) and its soft codes (48 x h tau, 384 KiB at h tau = 2048) within the
 // 1 MiB L2 while each 64 x 64 block of the projection (16 KiB, L1) is reused by 48 tokens.
+#ifndef NNK_PF_BLOCKS
+#define NNK_PF_BLOCKS 1
+#endif
 constexpr int64_t kTile = 48;
 #ifndef SUPER_TILE
 #define SUPER_TILE 480
@@ -1099,10 +1102,15 @@ inline FwhtVec<float>::V lane_stages_add(FwhtVec<float>::V v) {
 template <int R, int CV, bool Stages = false>
 inline void block_matmul_vec(const float* __restrict in, float* __restrict out,
                              const float* __restrict blocks, int64_t rows, int64_t dp,
-                             int64_t b) {
+                             int64_t b, const float* next = nullptr) {
   using V = FwhtVec<float>::V;
   constexpr int L = FwhtVec<float>::lanes;
   const int64_t nb = dp / b;
+  // the next product's blocks (dp b floats) prefetched into the L2, spread over this one
+  const char* pf = reinterpret_cast<const char*>(next);
+  const char* pf_end = pf + (next ? dp * b * int64_t(sizeof(float)) : 0);
+  const int64_t steps = nb * ((rows + R - 1) / R) * ((b + CV * L - 1) / (CV * L));
+  const int64_t pf_step = ((pf_end - pf) / 64 + steps - 1) / steps * 64;
   for (int64_t q = 0; q < nb; ++q) {
     const float* __restrict bq = blocks + q * b * b;
     for (int64_t t0 = 0; t0 < rows; t0 += R) {
@@ -1124,6 +1132,8 @@ inline void block_matmul_vec(const float* __restrict in, float* __restrict out,
             for (int v = 0; v < CV; ++v) acc[r][v] += xs * bv[v];
           }
         }
+        for (const char* e = std::min(pf + pf_step, pf_end); pf < e; pf += 64)
+          __builtin_prefetch(pf, 0, 2);
         if constexpr (Stages) {
           constexpr int K = CV == 4 ? 2 : CV == 2 ? 1 : 0;
           static_assert((1 << K) == CV, "CV must be 1, 2 or 4");
@@ -1195,15 +1205,15 @@ inline bool matmul_applies_stages(int64_t b) {
 
 template <typename T>
 inline void block_matmul_tile_stages(const T* in, T* out, const T* blocks, int64_t rows,
-                                     int64_t dp, int64_t b) {
+                                     int64_t dp, int64_t b, const T* next) {
 #if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
   if constexpr (std::is_same<T, float>::value) {
-    if (b == 64) return block_matmul_vec<kRegBlockRows[0], 4, true>(in, out, blocks, rows, dp, b);
-    if (b == 32) return block_matmul_vec<kRegBlockRows[1], 2, true>(in, out, blocks, rows, dp, b);
-    if (b == 16) return block_matmul_vec<kRegBlockRows[2], 1, true>(in, out, blocks, rows, dp, b);
+    if (b == 64) return block_matmul_vec<kRegBlockRows[0], 4, true>(in, out, blocks, rows, dp, b, next);
+    if (b == 32) return block_matmul_vec<kRegBlockRows[1], 2, true>(in, out, blocks, rows, dp, b, next);
+    if (b == 16) return block_matmul_vec<kRegBlockRows[2], 1, true>(in, out, blocks, rows, dp, b, next);
   }
 #endif
-  (void)in, (void)out, (void)blocks, (void)rows, (void)dp, (void)b;
+  (void)in, (void)out, (void)blocks, (void)rows, (void)dp, (void)b, (void)next;
   NNK_ASSERT(false, "block_matmul_tile_stages without matmul_applies_stages");
 }
 
@@ -1268,7 +1278,11 @@ void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_
       const T* bi = blocks + (i * copies + c) * dp * b;
       if (stages) {
         T* dst = in == tmp ? cur : tmp;
-        block_matmul_tile_stages<T>(in, dst, bi, rows, dp, b);
+        // the blocks of the next product: next round, next copy's first, or this tile's
+        // first (for the next tile)
+        const T* next = i + 1 < m ? blocks + ((i + 1) * copies + c) * dp * b
+                        : c + 1 < copies ? blocks + (c + 1) * dp * b : blocks;
+        block_matmul_tile_stages<T>(in, dst, bi, rows, dp, b, NNK_PF_BLOCKS ? next : nullptr);
         fwht_after_stages<T>(dst, rows, dp, b, scale);
         in = dst;
       } else {
