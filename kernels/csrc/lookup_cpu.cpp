@@ -1237,6 +1237,51 @@ inline void fwht_after_stages(T* x, int64_t rows, int64_t dp, int64_t b, T scale
   (void)x, (void)rows, (void)dp, (void)b, (void)scale;
 }
 
+// fwht_after_stages on the first `count` rows of src (stride dp) written to rows of dst
+// (stride dst_stride) instead of in place, when the stages left are one pass (spans b ..
+// dp/2, at most kFwhtMaxK stages); returns false (nothing done) otherwise. The same
+// operations as stride_pass's last pass, so the same result.
+#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
+template <int K>
+inline void last_pass_to(const float* src, float* dst, int64_t dst_stride, int64_t count,
+                         int64_t dp, int64_t h0, float scale) {
+  using V = FwhtVec<float>::V;
+  constexpr int L = FwhtVec<float>::lanes, G = 1 << K;
+  for (int64_t t = 0; t < count; ++t) {
+    const float* sr = src + t * dp;
+    float* dr = dst + t * dst_stride;
+    for (int64_t j = 0; j < h0; ++j) {
+      V r[G];
+#pragma GCC unroll 16
+      for (int i = 0; i < G; ++i) r[i] = fwht_load<float>(sr + (j + i * h0) * L);
+      register_stages<float, K>(r);
+#pragma GCC unroll 16
+      for (int i = 0; i < G; ++i) fwht_store<float>(dr + (j + i * h0) * L, r[i] * scale);
+    }
+  }
+}
+#endif
+
+template <typename T>
+inline bool fwht_after_stages_to(const T* src, T* dst, int64_t dst_stride, int64_t count,
+                                 int64_t dp, int64_t b, T scale) {
+#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
+  if constexpr (std::is_same<T, float>::value) {
+    constexpr int L = FwhtVec<float>::lanes;
+    const int64_t h0 = b / L;
+    switch (ilog2(dp / b)) {
+      case 1: last_pass_to<1>(src, dst, dst_stride, count, dp, h0, scale); return true;
+      case 2: last_pass_to<2>(src, dst, dst_stride, count, dp, h0, scale); return true;
+      case 3: last_pass_to<3>(src, dst, dst_stride, count, dp, h0, scale); return true;
+      case 4: last_pass_to<4>(src, dst, dst_stride, count, dp, h0, scale); return true;
+      default: return false;
+    }
+  }
+#endif
+  (void)src, (void)dst, (void)dst_stride, (void)count, (void)dp, (void)b, (void)scale;
+  return false;
+}
+
 // FWHT of `rows` consecutive rows of dp, src -> dst (one thread).
 template <typename T>
 inline void fwht_tile(const T* src, T* dst, int64_t rows, int64_t dp, T scale) {
@@ -1256,7 +1301,7 @@ inline void fwht_tile(const T* src, T* dst, int64_t rows, int64_t dp, T scale) {
 // register block are computed on zeros and not written. Shared by the fused LookupFFN
 // kernel and the stand-alone projection.
 template <typename T>
-void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_t count,
+void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* xin, T* out, int64_t count,
                      int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
                      int64_t width, int64_t out_stride, T scale) {
   const int64_t rb = matmul_rows<T>(b);
@@ -1266,14 +1311,18 @@ void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_
   // Tried: the first round reading a full tile of unpadded rows of x in place (no copy):
   // the hash alone no faster, the fused kernel 0-10 ms slower (x then comes from memory
   // in the block product's scattered broadcasts instead of one streaming copy).
+  // x padded once per tile into xin (read by every copy's first round); the last round's
+  // stages across blocks write the copy's features straight into out where they can
   const bool stages = matmul_applies_stages<T>(b);
+  for (int64_t t = 0; t < count; ++t) {
+    std::copy(x + t * d_in, x + (t + 1) * d_in, xin + t * dp);
+    std::fill(xin + t * dp + d_in, xin + (t + 1) * dp, T(0));
+  }
+  std::fill(xin + count * dp, xin + rows * dp, T(0));
   for (int64_t c = 0; c < copies; ++c) {
-    for (int64_t t = 0; t < count; ++t) {
-      std::copy(x + t * d_in, x + (t + 1) * d_in, cur + t * dp);
-      std::fill(cur + t * dp + d_in, cur + (t + 1) * dp, T(0));
-    }
-    std::fill(cur + count * dp, cur + rows * dp, T(0));
-    const T* in = cur;
+    const int64_t lo = c * dp, hi = std::min<int64_t>(width, (c + 1) * dp);
+    const T* in = xin;
+    bool written = false;
     for (int64_t i = 0; i < m; ++i) {
       const T* bi = blocks + (i * copies + c) * dp * b;
       if (stages) {
@@ -1283,6 +1332,11 @@ void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_
         const T* next = i + 1 < m ? blocks + ((i + 1) * copies + c) * dp * b
                         : c + 1 < copies ? blocks + (c + 1) * dp * b : blocks;
         block_matmul_tile_stages<T>(in, dst, bi, rows, dp, b, NNK_PF_BLOCKS ? next : nullptr);
+        if (i + 1 == m && hi - lo == dp &&
+            fwht_after_stages_to<T>(dst, out + lo, out_stride, count, dp, b, scale)) {
+          written = true;
+          break;
+        }
         fwht_after_stages<T>(dst, rows, dp, b, scale);
         in = dst;
       } else {
@@ -1291,7 +1345,7 @@ void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_
         in = cur;
       }
     }
-    const int64_t lo = c * dp, hi = std::min<int64_t>(width, (c + 1) * dp);
+    if (written) continue;
     for (int64_t t = 0; t < count; ++t)
       std::copy(in + t * dp, in + t * dp + (hi - lo), out + t * out_stride + lo);
   }
@@ -1325,7 +1379,7 @@ void lookup_bh_tokens(const T* x, const T* blocks, const Acc& acc, T* y, int64_t
   const T scale = T(1) / std::sqrt(T(dp));
   at::parallel_for(0, supers, 1, [&](int64_t begin, int64_t end) {
     const int64_t cap = std::min(kSuperTile, n);
-    std::vector<T> cur(kTile * dp), tmp(kTile * dp), z(kTile * ht);
+    std::vector<T> cur(kTile * dp), tmp(kTile * dp), xin(kTile * dp), z(kTile * ht);
     std::vector<T> expo(2 * ht), weights(cap * h);
     std::vector<int64_t> codes(cap * h);
     for (int64_t super = begin; super < end; ++super) {
@@ -1334,7 +1388,8 @@ void lookup_bh_tokens(const T* x, const T* blocks, const Acc& acc, T* y, int64_t
       // the hash of the super-tile, kTile tokens at a time: codes and weights
       for (int64_t t0 = 0; t0 < s_count; t0 += kTile) {
         const int64_t count = std::min<int64_t>(kTile, s_count - t0);
-        bh_project_tile<T>(x + (s_first + t0) * d_in, blocks, cur.data(), tmp.data(), z.data(),
+        bh_project_tile<T>(x + (s_first + t0) * d_in, blocks, cur.data(), tmp.data(), xin.data(),
+                           z.data(),
                            count, d_in, m, copies, dp, b, ht, ht, scale);
         for (int64_t t = 0; t < count; ++t)
           token_codes_weights<T>(z.data() + t * ht, expo.data(), codes.data() + (t0 + t) * h,
@@ -1421,11 +1476,12 @@ torch::Tensor bh_project_cpu(const torch::Tensor& x, const torch::Tensor& blocks
     const T scale = T(1) / std::sqrt(T(dp));
     const int64_t tiles = (n + kTile - 1) / kTile;
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> cur(kTile * dp), tmp(kTile * dp);
+      std::vector<T> cur(kTile * dp), tmp(kTile * dp), xin(kTile * dp);
       for (int64_t tile = begin; tile < end; ++tile) {
         const int64_t t_first = tile * kTile;
         const int64_t count = std::min<int64_t>(kTile, n - t_first);
-        bh_project_tile<T>(xp + t_first * d_in, bp, cur.data(), tmp.data(), zp + t_first * d_out,
+        bh_project_tile<T>(xp + t_first * d_in, bp, cur.data(), tmp.data(), xin.data(),
+                           zp + t_first * d_out,
                            count, d_in, m, copies, dp, b, d_out, d_out, scale);
       }
     });
