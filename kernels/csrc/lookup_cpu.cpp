@@ -861,6 +861,33 @@ void dispatch_tables(const torch::Tensor& tables, torch::ScalarType compute, Fn&
   }
 }
 
+#ifndef NNK_FAST_EXP
+#define NNK_FAST_EXP 1
+#endif
+#if defined(__AVX512F__)
+// 1 + exp(-2 |z|) for 16 floats, inline: exp(v) = 2^n exp(r) with n = round(v / ln 2),
+// r = v - n ln 2 (ln 2 in two parts, so r is exact to ~1e-10), exp(r) by its Taylor
+// polynomial of degree 6 on |r| <= ln(2)/2 (truncation below 1.2e-7, about 1-2 ulp), 2^n by
+// vscalefps; v clamped at -87 (where 1 + exp(v) is 1 in float32). Replaces glibc's vector
+// expf (libmvec, a call per 16 values): the weights differ from it by a few ulp.
+inline __m512 one_plus_exp_neg2abs(__m512 z) {
+  const __m512 v = _mm512_max_ps(_mm512_mul_ps(_mm512_set1_ps(-2.0f), _mm512_abs_ps(z)),
+                                 _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), v);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_scalef_ps(p, n));
+}
+#endif
+
 // zt[j h + k] = z[k tau + j]: the token's h x tau soft codes transposed, so that the loops
 // below run over tables (vector lanes) with the tau features of a table one after another.
 // With AVX-512 and tau = 8, 16 tables (8 vectors) at a time in registers: three rounds of
@@ -932,8 +959,13 @@ inline void token_codes_weights(const T* __restrict z, T* __restrict scratch,
   T* __restrict zt = scratch;
   T* __restrict expo = scratch + ht;
   transpose_features<T>(z, zt, h, tau);
+  int64_t i0 = 0;
+#if defined(__AVX512F__) && NNK_FAST_EXP
+  if constexpr (std::is_same<T, float>::value)
+    for (; i0 + 16 <= ht; i0 += 16) _mm512_storeu_ps(expo + i0, one_plus_exp_neg2abs(_mm512_loadu_ps(zt + i0)));
+#endif
 #pragma omp simd
-  for (int64_t i = 0; i < ht; ++i) expo[i] = T(1) + std::exp(T(-2) * std::abs(zt[i]));
+  for (int64_t i = i0; i < ht; ++i) expo[i] = T(1) + std::exp(T(-2) * std::abs(zt[i]));
   // feature by feature over all tables: the code bits in codes, the product in expo's
   // first row, the sum of |z| in weights (a loop over k inside one over j vectorises)
   const int64_t rows_per_table = int64_t(1) << tau;
