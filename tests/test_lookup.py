@@ -663,3 +663,56 @@ def test_lsh_ffn_flops_and_bad_input() -> None:
         lsh_active_mask(torch.randn(3, 8), torch.randn(5, 7), torch.randn(2, 8, 3))
     with pytest.raises(TypeError, match="planes"):
         simhash_codes(torch.randn(3, 8), [[1.0]])
+
+
+# The compiled codes and weights (token_codes_weights): the soft codes transposed to run over
+# tables in vector lanes -- with AVX-512 and tau = 8 by register permutes, 16 tables at a
+# time, the rest one by one -- and 1 + exp(-2|z|) by an inline AVX-512 exponential. Against
+# the literal formula in float64 for every tau from 1 to 13, table counts around the vector
+# width (1, 15, 16, 17, 37), token counts off the tiles (1, 47, 49, 481), d_out not a multiple
+# of 16, and features that are exactly zero or negative zero (sign bit 0, weight factor 1/2).
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize(
+    "n,h,tau,d_out",
+    [(1, 16, 8, 5), (47, 37, 8, 17), (49, 17, 8, 33), (481, 15, 8, 3), (5, 1, 8, 16)]
+    + [(13, h, tau, 7) for tau in range(1, 14) for h in (1, 16, 17)],
+)
+def test_vectorised_codes_and_weights_match_literal_formula(scaled, n, h, tau, d_out) -> None:
+    gen = torch.Generator().manual_seed(1000 * tau + h + n)
+    z = 1.5 * torch.randn(n, h * tau, generator=gen)
+    flat = z.view(-1)
+    pick = torch.randperm(flat.numel(), generator=gen)
+    flat[pick[: flat.numel() // 10]] = 0.0
+    flat[pick[flat.numel() // 10 : flat.numel() // 5]] = -0.0
+    z[0, :tau] = -0.0  # one table whose features are all negative zero: code 0
+    tables = torch.randn(h, 2**tau, d_out, generator=gen) / (h * tau) ** 0.5
+    want = lookup_gather_naive(z.double(), tables.double(), scaled)
+    for low in (None, torch.float16):
+        t = tables if low is None else tables.to(low)
+        ref = want if low is None else lookup_gather_naive(z.double(), t.double(), scaled)
+        torch.testing.assert_close(lookup_forward_fused(z, t, scaled).double(), ref, rtol=1e-4, atol=1e-5)
+    # the same codes and weights through the gather of given codes (tables one-hot per row:
+    # each output column picks one table's weight at one code)
+    codes = hash_codes(z, tau)
+    weights = lookup_weights(z.double(), tau, scaled)
+    assert torch.equal(codes, hash_codes(z.double(), tau))
+    if h * 2**tau <= 4096:
+        eye = torch.eye(h * 2**tau).reshape(h, 2**tau, h * 2**tau)
+        got = lookup_forward_fused(z, eye, scaled).double().reshape(n, h, 2**tau)
+        picked = got.gather(-1, codes.unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(picked, weights, rtol=2e-6, atol=1e-7)
+        # and nothing anywhere else: the code is exactly the literal sign pattern
+        assert torch.count_nonzero(got).item() == torch.count_nonzero(picked).item()
+
+
+def test_vectorised_path_bh_layer_with_zero_inputs() -> None:
+    # a zero token: every soft code is exactly 0 (code 0, weight 2^-tau scaled by 0)
+    layer = LookupFFN(64, 24, 8, block=64, d_out=17, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(50, 64, generator=torch.Generator().manual_seed(5))
+    x[3] = 0.0
+    x[7] = -0.0
+    with torch.no_grad():
+        want = lookup_gather_naive(layer.projection(x).double(), layer.tables.double(), True)
+        got = lookup_bh_forward_fused(x, layer.projection, layer.tables.detach().contiguous(), True)
+    torch.testing.assert_close(got.double(), want, rtol=2e-4, atol=2e-4)
+    assert torch.count_nonzero(got[3]) == 0 and torch.count_nonzero(got[7]) == 0
