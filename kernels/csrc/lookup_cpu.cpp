@@ -740,6 +740,28 @@ constexpr int64_t kGatherPrefetch = GATHER_PREFETCH;
 // 256 columns 133 ms.
 // So the gather from memory is bound by getting rows into the L2 in time, not by its
 // instructions; the in-L2 time (~210 ms) is the floor the 128-column layout allows.
+// (Note: "in L2" there is codes % 4, whose rows lie 256 KiB apart in the tables -- the
+// same L2 sets -- so most of them come from the L3 after all. From the L1 the loop runs
+// at ~7 cycles per 128-column step (8 vcvtph2ps + 8 FMAs), ~57 ms for the whole gather.)
+// Issue s7 (same machine, 1 thread pinned to CPU 1, interleaved runs against the same
+// build without the change; fused fp16 ~455-475 ms, gather ~255-265 ms): none of these
+// faster, none kept (all gave the same sums, in the same order, as the code below).
+//  * table-major order (for each table, every token of the super-tile; partial sums in
+//    a contiguous buffer, the next table's 64 KiB slice prefetched during this one):
+//    gather 511 against 275 ms (480 tokens, 128 columns); 1920 tokens, 64 columns: 380.
+//    Every step then reads and writes its token's partial sums from the L2.
+//  * two tokens per pass of the k loop (16 accumulators, two rows in flight per table):
+//    360 against 258 ms (the second token's first rows come too late for the prefetch).
+//  * column blocks in alternating order from super-tile to super-tile (the first pass
+//    starting on the slice the last one left in the L3): no difference (+-5 ms).
+//  * the gather of super-tile s - 1 interleaved with the hash of super-tile s, in pieces
+//    of 16 / 64 / 256 tables per token after every register block of the block product
+//    (partial sums stored in y between pieces): fused 522 / 511 / 472 against 475 ms.
+//  * the same with the block product's inner loop prefetching the rows (1 or 2 lines per
+//    iteration) and whole token blocks gathered between its register blocks once their
+//    rows were 512 pairs ahead: fused 770 ms -- the gather from the L2 took longer than
+//    from memory (336 against ~240 ms in the profile) and the block product 55 ms more:
+//    the two compete for the same L2 and miss buffers instead of overlapping.
 template <typename R, int CV>
 void gather_column_block(const typename R::S* __restrict tables,
                          const int64_t* __restrict offsets, const float* __restrict weights,
@@ -1069,6 +1091,15 @@ torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& ta
 // inputs of a block, each step one load per output vector, one broadcast per token and
 // R * CV fused multiply-adds (R = 6, CV = 4 with AVX-512: 24 accumulators of 32
 // registers). The FWHT of each row is the vector kernel above, on rows in L1.
+// Measured (issue s7, 1 thread pinned to CPU 1, 32768 tokens, (256, 8, 64)): the block
+// product is ~135-140 ms of the ~205 ms hash, 34.4 GFLOP at ~245-255 GFLOP/s, against a
+// measured peak of 263 GFLOP/s for independent zmm FMAs on this core (2 per cycle at
+// ~4.1 GHz): ~93-95 % of the FMA peak, so the rest of the hash (FWHT passes, copies,
+// exp, codes) is where the time could go, not the micro-kernel. In the fused kernel the
+// same product takes ~165 ms (the gather leaves the blocks and activations out of the
+// caches); prefetching the next block of the same product into the L1 over this block's
+// register blocks did not help (hash +3 ms, fused unchanged), the next product's blocks
+// into the L2 a little (fused ~5 ms).
 
 // Generic register block (float64, other compilers): 4 tokens x 16 outputs.
 // out[t, q b : (q+1) b] = in[t, q b : (q+1) b] @ B_q for `rows` (a multiple of 4) rows.
