@@ -912,75 +912,106 @@ inline __m512 one_plus_exp_neg2abs(__m512 z) {
 
 // zt[j h + k] = z[k tau + j]: the token's h x tau soft codes transposed, so that the loops
 // below run over tables (vector lanes) with the tau features of a table one after another.
-// With AVX-512 and tau = 8, 16 tables (8 vectors) at a time in registers: three rounds of
-// two-source lane permutes, each swapping one bit of the vector index with one bit of the
-// lane index, then one permute that puts the tables in order; the rest element by element.
 template <typename T>
 inline void transpose_features(const T* __restrict z, T* __restrict zt, int64_t h, int64_t tau) {
-  int64_t k0 = 0;
-#if defined(__AVX512F__)
-  if constexpr (std::is_same<T, float>::value) {
-    if (tau == 8) {
-      // lanes p of the stage-s outputs X (index bit s now 0) and Y (bit s now 1) of the
-      // vector pair (A: bit s of the vector index 0, B: 1); 16 + p selects B's lane p
-      struct Indices {
-        alignas(64) int32_t ix[3][16], iy[3][16], order[16];
-        constexpr Indices() : ix(), iy(), order() {
-          for (int s = 0; s < 3; ++s)
-            for (int p = 0; p < 16; ++p) {
-              const int bit = 1 << s;
-              ix[s][p] = (p & bit) ? 16 + (p & ~bit) : p;
-              iy[s][p] = (p & bit) ? 16 + p : (p | bit);
-            }
-          // after the rounds lane p = 8 i3 + a holds table 2 a + i3
-          for (int l = 0; l < 16; ++l) order[l] = 8 * (l & 1) + (l >> 1);
-        }
-      };
-      static constexpr Indices idx{};
-      __m512i vx[3], vy[3];
-      for (int s = 0; s < 3; ++s) {
-        vx[s] = _mm512_load_si512(idx.ix[s]);
-        vy[s] = _mm512_load_si512(idx.iy[s]);
-      }
-      const __m512i vorder = _mm512_load_si512(idx.order);
-      for (; k0 + 16 <= h; k0 += 16) {
-        __m512 r[8];
-#pragma GCC unroll 8
-        for (int a = 0; a < 8; ++a) r[a] = _mm512_loadu_ps(z + k0 * 8 + 16 * a);
-#pragma GCC unroll 3
-        for (int s = 0; s < 3; ++s) {
-          const int bit = 1 << s;
-#pragma GCC unroll 8
-          for (int a = 0; a < 8; ++a) {
-            if (a & bit) continue;
-            const __m512 A = r[a], B = r[a | bit];
-            r[a] = _mm512_permutex2var_ps(A, vx[s], B);
-            r[a | bit] = _mm512_permutex2var_ps(A, vy[s], B);
-          }
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) _mm512_storeu_ps(zt + j * h + k0, _mm512_permutexvar_ps(vorder, r[j]));
-      }
-    }
-  }
-#endif
-  for (int64_t k = k0; k < h; ++k)
+  for (int64_t k = 0; k < h; ++k)
     for (int64_t j = 0; j < tau; ++j) zt[j * h + k] = z[k * tau + j];
 }
+
+#if defined(__AVX512F__)
+// token_codes_weights for tau = 8 and float, 16 tables (8 vectors of soft codes) at a time
+// in registers: three rounds of two-source lane permutes, each swapping one bit of the
+// vector index with one bit of the lane index, leave r[j] = feature j of the 16 tables;
+// then the code bits (compare masks), the product of 1 + exp(-2|z|) and the sum of |z| in
+// the order j = 0, 1, .. (as the loops of token_codes_weights), one permute puts the
+// tables in order. Returns the number of tables done (h rounded down to 16).
+inline int64_t codes_weights_tau8(const float* __restrict z, int64_t* __restrict codes,
+                                  float* __restrict weights, int64_t h, int64_t d, bool scaled) {
+  // lanes p of the round-s outputs X (index bit s now 0) and Y (bit s now 1) of the
+  // vector pair (A: bit s of the vector index 0, B: 1); 16 + p selects B's lane p
+  struct Indices {
+    alignas(64) int32_t ix[3][16], iy[3][16], order[16];
+    constexpr Indices() : ix(), iy(), order() {
+      for (int s = 0; s < 3; ++s)
+        for (int p = 0; p < 16; ++p) {
+          const int bit = 1 << s;
+          ix[s][p] = (p & bit) ? 16 + (p & ~bit) : p;
+          iy[s][p] = (p & bit) ? 16 + p : (p | bit);
+        }
+      // after the rounds lane p = 8 i3 + a holds table 2 a + i3
+      for (int l = 0; l < 16; ++l) order[l] = 8 * (l & 1) + (l >> 1);
+    }
+  };
+  static constexpr Indices idx{};
+  __m512i vx[3], vy[3];
+  for (int s = 0; s < 3; ++s) {
+    vx[s] = _mm512_load_si512(idx.ix[s]);
+    vy[s] = _mm512_load_si512(idx.iy[s]);
+  }
+  const __m512i vorder = _mm512_load_si512(idx.order);
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t k0 = 0;
+  for (; k0 + 16 <= h; k0 += 16) {
+    __m512 r[8];
+#pragma GCC unroll 8
+    for (int a = 0; a < 8; ++a) r[a] = _mm512_loadu_ps(z + k0 * 8 + 16 * a);
+#pragma GCC unroll 3
+    for (int s = 0; s < 3; ++s) {
+      const int bit = 1 << s;
+#pragma GCC unroll 8
+      for (int a = 0; a < 8; ++a) {
+        if (a & bit) continue;
+        const __m512 A = r[a], B = r[a | bit];
+        r[a] = _mm512_permutex2var_ps(A, vx[s], B);
+        r[a | bit] = _mm512_permutex2var_ps(A, vy[s], B);
+      }
+    }
+    __m512 denom = _mm512_mul_ps(_mm512_set1_ps(1.0f), one_plus_exp_neg2abs(r[0]));
+    __m512 sum = _mm512_add_ps(zero, _mm512_abs_ps(r[0]));
+    __m512i code = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(r[0], zero, _CMP_GT_OQ),
+                                          _mm512_set1_epi32(1));
+#pragma GCC unroll 7
+    for (int j = 1; j < 8; ++j) {
+      denom = _mm512_mul_ps(denom, one_plus_exp_neg2abs(r[j]));
+      sum = _mm512_add_ps(sum, _mm512_abs_ps(r[j]));
+      code = _mm512_mask_or_epi32(code, _mm512_cmp_ps_mask(r[j], zero, _CMP_GT_OQ), code,
+                                  _mm512_set1_epi32(1 << j));
+    }
+    denom = _mm512_permutexvar_ps(vorder, denom);
+    sum = _mm512_permutexvar_ps(vorder, sum);
+    code = _mm512_permutexvar_epi32(vorder, code);
+    _mm512_storeu_ps(weights + k0, _mm512_div_ps(scaled ? sum : _mm512_set1_ps(1.0f), denom));
+    alignas(64) int32_t c[16];
+    _mm512_store_si512(c, code);
+    for (int l = 0; l < 16; ++l) codes[k0 + l] = ((k0 + l) * 256 + c[l]) * d;
+  }
+  return k0;
+}
+#endif
 
 // Codes (as row offsets, in entries) and weights of the h tables for one token; scratch is
 // a 2 h tau buffer. The same arithmetic as the literal loop (features of a table in the
 // order j = 0, 1, ..; sign bits, product of 1 + exp(-2 |z|), sum of |z|), vectorised over
-// tables on the transposed soft codes. (Before: the same loop over k with the features
-// contiguous, scalar: ~26 ms of the 220 ms hash at (256, 8, 64), 32768 tokens.)
+// tables: with AVX-512, float and tau = 8 in registers, 16 tables at a time
+// (codes_weights_tau8), else on the transposed soft codes. (Before: the same loop over k
+// with the features contiguous, scalar: ~26 ms of the 220 ms hash at (256, 8, 64), 32768
+// tokens; transposed through memory ~18 ms; in registers ~12 ms.)
 template <typename T>
 inline void token_codes_weights(const T* __restrict z, T* __restrict scratch,
                                 int64_t* __restrict codes, T* __restrict weights, int64_t h,
                                 int64_t tau, int64_t d, bool scaled) {
-  const int64_t ht = h * tau;
+  const int64_t rows_per_table = int64_t(1) << tau;
+  int64_t k0 = 0;
+#if defined(__AVX512F__) && NNK_FAST_EXP
+  if constexpr (std::is_same<T, float>::value)
+    if (tau == 8) k0 = codes_weights_tau8(z, codes, weights, h, d, scaled);
+#endif
+  // the other tables (all of them but with AVX-512 at tau = 8): transposed, then loops
+  z += k0 * tau, codes += k0, weights += k0;
+  const int64_t hr = h - k0, ht = hr * tau;
   T* __restrict zt = scratch;
   T* __restrict expo = scratch + ht;
-  transpose_features<T>(z, zt, h, tau);
+  transpose_features<T>(z, zt, hr, tau);
   int64_t i0 = 0;
 #if defined(__AVX512F__) && NNK_FAST_EXP
   if constexpr (std::is_same<T, float>::value)
@@ -990,20 +1021,19 @@ inline void token_codes_weights(const T* __restrict z, T* __restrict scratch,
   for (int64_t i = i0; i < ht; ++i) expo[i] = T(1) + std::exp(T(-2) * std::abs(zt[i]));
   // feature by feature over all tables: the code bits in codes, the product in expo's
   // first row, the sum of |z| in weights (a loop over k inside one over j vectorises)
-  const int64_t rows_per_table = int64_t(1) << tau;
   T* __restrict denom = expo;
 #pragma omp simd
-  for (int64_t k = 0; k < h; ++k) {
+  for (int64_t k = 0; k < hr; ++k) {
     const T v = zt[k];
     codes[k] = int64_t(v > T(0));
     denom[k] = T(1) * expo[k];
     weights[k] = T(0) + std::abs(v);
   }
   for (int64_t j = 1; j < tau; ++j) {
-    const T* __restrict zj = zt + j * h;
-    const T* __restrict ej = expo + j * h;
+    const T* __restrict zj = zt + j * hr;
+    const T* __restrict ej = expo + j * hr;
 #pragma omp simd
-    for (int64_t k = 0; k < h; ++k) {
+    for (int64_t k = 0; k < hr; ++k) {
       const T v = zj[k];
       codes[k] |= int64_t(v > T(0)) << j;
       denom[k] *= ej[k];
@@ -1011,11 +1041,12 @@ inline void token_codes_weights(const T* __restrict z, T* __restrict scratch,
     }
   }
 #pragma omp simd
-  for (int64_t k = 0; k < h; ++k) {
-    codes[k] = (k * rows_per_table + codes[k]) * d;
+  for (int64_t k = 0; k < hr; ++k) {
+    codes[k] = ((k0 + k) * rows_per_table + codes[k]) * d;
     weights[k] = scaled ? weights[k] / denom[k] : T(1) / denom[k];
   }
 #ifdef NNK_DEBUG
+  codes -= k0;
   for (int64_t k = 0; k < h; ++k) {
     const int64_t code = codes[k] / d - k * rows_per_table;
     NNK_ASSERT(code >= 0 && code < rows_per_table, "code ", code, " of table ", k,
