@@ -716,3 +716,64 @@ def test_vectorised_path_bh_layer_with_zero_inputs() -> None:
         got = lookup_bh_forward_fused(x, layer.projection, layer.tables.detach().contiguous(), True)
     torch.testing.assert_close(got.double(), want, rtol=2e-4, atol=2e-4)
     assert torch.count_nonzero(got[3]) == 0 and torch.count_nonzero(got[7]) == 0
+
+
+_FALLBACK_CHECK = """
+    import torch
+    from kernels import _ext
+    from kernels.hadamard import fwht, fwht_torch
+    from kernels.lookup import (LookupFFN, gather_fused, hash_codes, lookup_bh_forward_fused,
+                                lookup_forward_fused, lookup_gather_naive, lookup_weights)
+    m = _ext.build()
+    print("isa", m.isa(), m.__name__)
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for rows, d in [(3, 1), (5, 8), (7, 64), (2, 512), (3, 8192), (1, 1 << 15)]:
+            x = torch.randn(rows, d, generator=gen, dtype=dtype)
+            tol = 1e-5 * d**0.5 if dtype == torch.float32 else 1e-12 * d**0.5
+            torch.testing.assert_close(fwht(x), fwht_torch(x), rtol=tol, atol=tol)
+    for n, h, tau, d_out in [(47, 37, 8, 17), (49, 17, 3, 130), (1, 16, 8, 16), (13, 5, 13, 5)]:
+        z = torch.randn(n, h * tau, generator=gen)
+        z.view(-1)[::7] = 0.0
+        tables = torch.randn(h, 2**tau, d_out, generator=gen) / (h * tau) ** 0.5
+        for low in (None, torch.float16, torch.bfloat16, torch.float64):
+            t = tables if low is None else tables.to(low)
+            zz = z.double() if low is torch.float64 else z
+            want = lookup_gather_naive(z.double(), t.double(), True)
+            tol = 1e-10 if low is torch.float64 else 1e-4
+            torch.testing.assert_close(lookup_forward_fused(zz, t, True).double(), want, rtol=tol, atol=tol)
+            codes = hash_codes(zz, tau).contiguous()
+            weights = lookup_weights(zz, tau, True).contiguous()
+            torch.testing.assert_close(gather_fused(codes, weights, t).double(), want, rtol=tol, atol=tol)
+    for d_model, h, tau, block, d_out, n in [(64, 24, 8, 64, 17, 50), (128, 40, 8, 32, 130, 97),
+                                              (40, 20, 9, 16, 33, 13), (100, 30, 7, 32, 5, 49)]:
+        for dtype in (torch.float32, torch.float64):
+            layer = LookupFFN(d_model, h, tau, block=block, d_out=d_out, dtype=dtype,
+                              generator=torch.Generator().manual_seed(n))
+            x = torch.randn(n, d_model, dtype=dtype, generator=gen)
+            with torch.no_grad():
+                want = lookup_gather_naive(layer.projection(x).double(), layer.tables.double(), True)
+                got = lookup_bh_forward_fused(x, layer.projection, layer.tables.detach().contiguous(), True)
+            tol = 1e-10 if dtype == torch.float64 else 2e-4
+            torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    print("ok")
+"""
+
+
+# The fused kernels' AVX2 (+F16C, FMA) and portable paths are chosen at build time (#if on the
+# target flags), so on an AVX-512 machine the normal build never compiles them. Each is built
+# here a second time in its own folder (-mno-avx512f: the AVX2 path; -mno-avx: no AVX at all,
+# 16-byte vectors for the FWHT, the portable loops elsewhere) and checked against the torch
+# paths. A build takes 20-25 s on the reference machine (the pair ~50 s, so not marked slow).
+@pytest.mark.parametrize("flags,isa", [("-mno-avx512f", "avx2"), ("-mno-avx", "portable")])
+def test_fallback_paths_build_and_match_torch(tmp_path, flags, isa) -> None:
+    from isolated import describe, run_isolated
+
+    with open("/proc/cpuinfo") as f:
+        cpu_flags = f.read()
+    if isa == "avx2" and not all(f in cpu_flags for f in (" avx2", " f16c", " fma")):
+        pytest.skip("the AVX2 path needs a CPU with AVX2, F16C and FMA")
+    proc = run_isolated(_FALLBACK_CHECK, timeout=900,
+                        env={"NN_KERNELS_EXT_DIR": str(tmp_path), _ext.EXTRA_CFLAGS_ENV_VAR: flags})
+    assert proc.returncode == 0, describe(proc)
+    assert f"isa {isa} " in proc.stdout and proc.stdout.strip().endswith("ok"), proc.stdout

@@ -1655,6 +1655,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("tau"), pybind11::arg("scaled"));
   m.def("bh_project", &bh_project_cpu, "BH-m projection of the rows of x (tiles as fused)",
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("d_out"));
+  m.def("isa", []() {
+#if defined(__AVX512F__)
+    return "avx512";
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    return "avx2";
+#else
+    return "portable";
+#endif
+  }, "Which of the fused kernels' hot-loop paths this build compiled (see the header)");
   m.def("debug_checks", []() {
 #ifdef NNK_DEBUG
     return true;
