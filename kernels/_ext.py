@@ -82,6 +82,11 @@ TIMEOUT_ENV_VAR = "NN_KERNELS_EXT_TIMEOUT"
 DEFAULT_TIMEOUT_S = 900.0
 #: ``1`` builds the debug module (index checks in the inner loops).
 DEBUG_ENV_VAR = "NN_KERNELS_EXT_DEBUG"
+#: Extra compiler flags (whitespace-separated), appended after the usual ones; the module
+#: name then carries their digest, so such a build never replaces the normal one. Used by
+#: the tests to build the AVX2 and portable paths on an AVX-512 machine
+#: (``-mno-avx512f``, ``-mno-avx``).
+EXTRA_CFLAGS_ENV_VAR = "NN_KERNELS_EXT_EXTRA_CFLAGS"
 #: Our lock (fcntl, released by the kernel when its owner dies) and cpp_extension's
 #: (a plain file that an interrupted build leaves behind).
 _OUR_LOCK = "nnk_build.lock"
@@ -112,8 +117,14 @@ def _cpu_digest() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+def _extra_cflags() -> list[str]:
+    return os.environ.get(EXTRA_CFLAGS_ENV_VAR, "").split()
+
+
 def _module_name() -> str:
-    return f"nnk_lookup_cpu_{_cpu_digest()}" + ("_debug" if _debug() else "")
+    extra = _extra_cflags()
+    suffix = "_x" + hashlib.sha256(" ".join(extra).encode()).hexdigest()[:8] if extra else ""
+    return f"nnk_lookup_cpu_{_cpu_digest()}" + ("_debug" if _debug() else "") + suffix
 
 
 def build_directory() -> Path:
@@ -206,7 +217,7 @@ def _load_here(directory: Path, verbose: bool, timeout: float) -> ModuleType:
         return load(
             name=_module_name(),
             sources=[str(SOURCE)],
-            extra_cflags=_DEBUG_CFLAGS if _debug() else _CFLAGS,
+            extra_cflags=(_DEBUG_CFLAGS if _debug() else _CFLAGS) + _extra_cflags(),
             extra_ldflags=_LDFLAGS,
             build_directory=str(directory),
             verbose=verbose,

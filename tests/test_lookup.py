@@ -663,3 +663,117 @@ def test_lsh_ffn_flops_and_bad_input() -> None:
         lsh_active_mask(torch.randn(3, 8), torch.randn(5, 7), torch.randn(2, 8, 3))
     with pytest.raises(TypeError, match="planes"):
         simhash_codes(torch.randn(3, 8), [[1.0]])
+
+
+# The compiled codes and weights (token_codes_weights): the soft codes transposed to run over
+# tables in vector lanes -- with AVX-512 and tau = 8 by register permutes, 16 tables at a
+# time, the rest one by one -- and 1 + exp(-2|z|) by an inline AVX-512 exponential. Against
+# the literal formula in float64 for every tau from 1 to 13, table counts around the vector
+# width (1, 15, 16, 17, 37), token counts off the tiles (1, 47, 49, 481), d_out not a multiple
+# of 16, and features that are exactly zero or negative zero (sign bit 0, weight factor 1/2).
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize(
+    "n,h,tau,d_out",
+    [(1, 16, 8, 5), (47, 37, 8, 17), (49, 17, 8, 33), (481, 15, 8, 3), (5, 1, 8, 16)]
+    + [(13, h, tau, 7) for tau in range(1, 14) for h in (1, 16, 17)],
+)
+def test_vectorised_codes_and_weights_match_literal_formula(scaled, n, h, tau, d_out) -> None:
+    gen = torch.Generator().manual_seed(1000 * tau + h + n)
+    z = 1.5 * torch.randn(n, h * tau, generator=gen)
+    flat = z.view(-1)
+    pick = torch.randperm(flat.numel(), generator=gen)
+    flat[pick[: flat.numel() // 10]] = 0.0
+    flat[pick[flat.numel() // 10 : flat.numel() // 5]] = -0.0
+    z[0, :tau] = -0.0  # one table whose features are all negative zero: code 0
+    tables = torch.randn(h, 2**tau, d_out, generator=gen) / (h * tau) ** 0.5
+    want = lookup_gather_naive(z.double(), tables.double(), scaled)
+    for low in (None, torch.float16):
+        t = tables if low is None else tables.to(low)
+        ref = want if low is None else lookup_gather_naive(z.double(), t.double(), scaled)
+        torch.testing.assert_close(lookup_forward_fused(z, t, scaled).double(), ref, rtol=1e-4, atol=1e-5)
+    # the same codes and weights through the gather of given codes (tables one-hot per row:
+    # each output column picks one table's weight at one code)
+    codes = hash_codes(z, tau)
+    weights = lookup_weights(z.double(), tau, scaled)
+    assert torch.equal(codes, hash_codes(z.double(), tau))
+    if h * 2**tau <= 4096:
+        eye = torch.eye(h * 2**tau).reshape(h, 2**tau, h * 2**tau)
+        got = lookup_forward_fused(z, eye, scaled).double().reshape(n, h, 2**tau)
+        picked = got.gather(-1, codes.unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(picked, weights, rtol=2e-6, atol=1e-7)
+        # and nothing anywhere else: the code is exactly the literal sign pattern
+        assert torch.count_nonzero(got).item() == torch.count_nonzero(picked).item()
+
+
+def test_vectorised_path_bh_layer_with_zero_inputs() -> None:
+    # a zero token: every soft code is exactly 0 (code 0, weight 2^-tau scaled by 0)
+    layer = LookupFFN(64, 24, 8, block=64, d_out=17, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(50, 64, generator=torch.Generator().manual_seed(5))
+    x[3] = 0.0
+    x[7] = -0.0
+    with torch.no_grad():
+        want = lookup_gather_naive(layer.projection(x).double(), layer.tables.double(), True)
+        got = lookup_bh_forward_fused(x, layer.projection, layer.tables.detach().contiguous(), True)
+    torch.testing.assert_close(got.double(), want, rtol=2e-4, atol=2e-4)
+    assert torch.count_nonzero(got[3]) == 0 and torch.count_nonzero(got[7]) == 0
+
+
+_FALLBACK_CHECK = """
+    import torch
+    from kernels import _ext
+    from kernels.hadamard import fwht, fwht_torch
+    from kernels.lookup import (LookupFFN, gather_fused, hash_codes, lookup_bh_forward_fused,
+                                lookup_forward_fused, lookup_gather_naive, lookup_weights)
+    m = _ext.build()
+    print("isa", m.isa(), m.__name__)
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for rows, d in [(3, 1), (5, 8), (7, 64), (2, 512), (3, 8192), (1, 1 << 15)]:
+            x = torch.randn(rows, d, generator=gen, dtype=dtype)
+            tol = 1e-5 * d**0.5 if dtype == torch.float32 else 1e-12 * d**0.5
+            torch.testing.assert_close(fwht(x), fwht_torch(x), rtol=tol, atol=tol)
+    for n, h, tau, d_out in [(47, 37, 8, 17), (49, 17, 3, 130), (1, 16, 8, 16), (13, 5, 13, 5)]:
+        z = torch.randn(n, h * tau, generator=gen)
+        z.view(-1)[::7] = 0.0
+        tables = torch.randn(h, 2**tau, d_out, generator=gen) / (h * tau) ** 0.5
+        for low in (None, torch.float16, torch.bfloat16, torch.float64):
+            t = tables if low is None else tables.to(low)
+            zz = z.double() if low is torch.float64 else z
+            want = lookup_gather_naive(z.double(), t.double(), True)
+            tol = 1e-10 if low is torch.float64 else 1e-4
+            torch.testing.assert_close(lookup_forward_fused(zz, t, True).double(), want, rtol=tol, atol=tol)
+            codes = hash_codes(zz, tau).contiguous()
+            weights = lookup_weights(zz, tau, True).contiguous()
+            torch.testing.assert_close(gather_fused(codes, weights, t).double(), want, rtol=tol, atol=tol)
+    for d_model, h, tau, block, d_out, n in [(64, 24, 8, 64, 17, 50), (128, 40, 8, 32, 130, 97),
+                                              (40, 20, 9, 16, 33, 13), (100, 30, 7, 32, 5, 49)]:
+        for dtype in (torch.float32, torch.float64):
+            layer = LookupFFN(d_model, h, tau, block=block, d_out=d_out, dtype=dtype,
+                              generator=torch.Generator().manual_seed(n))
+            x = torch.randn(n, d_model, dtype=dtype, generator=gen)
+            with torch.no_grad():
+                want = lookup_gather_naive(layer.projection(x).double(), layer.tables.double(), True)
+                got = lookup_bh_forward_fused(x, layer.projection, layer.tables.detach().contiguous(), True)
+            tol = 1e-10 if dtype == torch.float64 else 2e-4
+            torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    print("ok")
+"""
+
+
+# The fused kernels' AVX2 (+F16C, FMA) and portable paths are chosen at build time (#if on the
+# target flags), so on an AVX-512 machine the normal build never compiles them. Each is built
+# here a second time in its own folder (-mno-avx512f: the AVX2 path; -mno-avx: no AVX at all,
+# 16-byte vectors for the FWHT, the portable loops elsewhere) and checked against the torch
+# paths. A build takes 20-25 s on the reference machine (the pair ~50 s, so not marked slow).
+@pytest.mark.parametrize("flags,isa", [("-mno-avx512f", "avx2"), ("-mno-avx", "portable")])
+def test_fallback_paths_build_and_match_torch(tmp_path, flags, isa) -> None:
+    from isolated import describe, run_isolated
+
+    with open("/proc/cpuinfo") as f:
+        cpu_flags = f.read()
+    if isa == "avx2" and not all(f in cpu_flags for f in (" avx2", " f16c", " fma")):
+        pytest.skip("the AVX2 path needs a CPU with AVX2, F16C and FMA")
+    proc = run_isolated(_FALLBACK_CHECK, timeout=900,
+                        env={"NN_KERNELS_EXT_DIR": str(tmp_path), _ext.EXTRA_CFLAGS_ENV_VAR: flags})
+    assert proc.returncode == 0, describe(proc)
+    assert f"isa {isa} " in proc.stdout and proc.stdout.strip().endswith("ok"), proc.stdout

@@ -740,6 +740,28 @@ constexpr int64_t kGatherPrefetch = GATHER_PREFETCH;
 // 256 columns 133 ms.
 // So the gather from memory is bound by getting rows into the L2 in time, not by its
 // instructions; the in-L2 time (~210 ms) is the floor the 128-column layout allows.
+// (Note: "in L2" there is codes % 4, whose rows lie 256 KiB apart in the tables -- the
+// same L2 sets -- so most of them come from the L3 after all. From the L1 the loop runs
+// at ~7 cycles per 128-column step (8 vcvtph2ps + 8 FMAs), ~57 ms for the whole gather.)
+// Issue s7 (same machine, 1 thread pinned to CPU 1, interleaved runs against the same
+// build without the change; fused fp16 ~455-475 ms, gather ~255-265 ms): none of these
+// faster, none kept (all gave the same sums, in the same order, as the code below).
+//  * table-major order (for each table, every token of the super-tile; partial sums in
+//    a contiguous buffer, the next table's 64 KiB slice prefetched during this one):
+//    gather 511 against 275 ms (480 tokens, 128 columns); 1920 tokens, 64 columns: 380.
+//    Every step then reads and writes its token's partial sums from the L2.
+//  * two tokens per pass of the k loop (16 accumulators, two rows in flight per table):
+//    360 against 258 ms (the second token's first rows come too late for the prefetch).
+//  * column blocks in alternating order from super-tile to super-tile (the first pass
+//    starting on the slice the last one left in the L3): no difference (+-5 ms).
+//  * the gather of super-tile s - 1 interleaved with the hash of super-tile s, in pieces
+//    of 16 / 64 / 256 tables per token after every register block of the block product
+//    (partial sums stored in y between pieces): fused 522 / 511 / 472 against 475 ms.
+//  * the same with the block product's inner loop prefetching the rows (1 or 2 lines per
+//    iteration) and whole token blocks gathered between its register blocks once their
+//    rows were 512 pairs ahead: fused 770 ms -- the gather from the L2 took longer than
+//    from memory (336 against ~240 ms in the profile) and the block product 55 ms more:
+//    the two compete for the same L2 and miss buffers instead of overlapping.
 template <typename R, int CV>
 void gather_column_block(const typename R::S* __restrict tables,
                          const int64_t* __restrict offsets, const float* __restrict weights,
@@ -861,36 +883,185 @@ void dispatch_tables(const torch::Tensor& tables, torch::ScalarType compute, Fn&
   }
 }
 
-// Codes (as row offsets, in entries) and weights of the h tables for one token; expo is
-// an h * tau scratch buffer.
+#ifndef NNK_FAST_EXP
+#define NNK_FAST_EXP 1
+#endif
+#if defined(__AVX512F__)
+// 1 + exp(-2 |z|) for 16 floats, inline: exp(v) = 2^n exp(r) with n = round(v / ln 2),
+// r = v - n ln 2 (ln 2 in two parts, so r is exact to ~1e-10), exp(r) by its Taylor
+// polynomial of degree 6 on |r| <= ln(2)/2 (truncation below 1.2e-7, about 1-2 ulp), 2^n by
+// vscalefps; v clamped at -87 (where 1 + exp(v) is 1 in float32). Replaces glibc's vector
+// expf (libmvec, a call per 16 values): the weights differ from it by a few ulp.
+inline __m512 one_plus_exp_neg2abs(__m512 z) {
+  const __m512 v = _mm512_max_ps(_mm512_mul_ps(_mm512_set1_ps(-2.0f), _mm512_abs_ps(z)),
+                                 _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), v);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_scalef_ps(p, n));
+}
+#endif
+
+// zt[j h + k] = z[k tau + j]: the token's h x tau soft codes transposed, so that the loops
+// below run over tables (vector lanes) with the tau features of a table one after another.
 template <typename T>
-inline void token_codes_weights(const T* __restrict z, T* __restrict expo,
+inline void transpose_features(const T* __restrict z, T* __restrict zt, int64_t h, int64_t tau) {
+  for (int64_t k = 0; k < h; ++k)
+    for (int64_t j = 0; j < tau; ++j) zt[j * h + k] = z[k * tau + j];
+}
+
+#if defined(__AVX512F__)
+// token_codes_weights for tau = 8 and float, 16 tables (8 vectors of soft codes) at a time
+// in registers: three rounds of two-source lane permutes, each swapping one bit of the
+// vector index with one bit of the lane index, leave r[j] = feature j of the 16 tables;
+// then the code bits (compare masks), the product of 1 + exp(-2|z|) and the sum of |z| in
+// the order j = 0, 1, .. (as the loops of token_codes_weights), one permute puts the
+// tables in order. Returns the number of tables done (h rounded down to 16).
+inline int64_t codes_weights_tau8(const float* __restrict z, int64_t* __restrict codes,
+                                  float* __restrict weights, int64_t h, int64_t d, bool scaled) {
+  // lanes p of the round-s outputs X (index bit s now 0) and Y (bit s now 1) of the
+  // vector pair (A: bit s of the vector index 0, B: 1); 16 + p selects B's lane p
+  struct Indices {
+    alignas(64) int32_t ix[3][16], iy[3][16], order[16];
+    constexpr Indices() : ix(), iy(), order() {
+      for (int s = 0; s < 3; ++s)
+        for (int p = 0; p < 16; ++p) {
+          const int bit = 1 << s;
+          ix[s][p] = (p & bit) ? 16 + (p & ~bit) : p;
+          iy[s][p] = (p & bit) ? 16 + p : (p | bit);
+        }
+      // after the rounds lane p = 8 i3 + a holds table 2 a + i3
+      for (int l = 0; l < 16; ++l) order[l] = 8 * (l & 1) + (l >> 1);
+    }
+  };
+  static constexpr Indices idx{};
+  __m512i vx[3], vy[3];
+  for (int s = 0; s < 3; ++s) {
+    vx[s] = _mm512_load_si512(idx.ix[s]);
+    vy[s] = _mm512_load_si512(idx.iy[s]);
+  }
+  const __m512i vorder = _mm512_load_si512(idx.order);
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t k0 = 0;
+  for (; k0 + 16 <= h; k0 += 16) {
+    __m512 r[8];
+#pragma GCC unroll 8
+    for (int a = 0; a < 8; ++a) r[a] = _mm512_loadu_ps(z + k0 * 8 + 16 * a);
+#pragma GCC unroll 3
+    for (int s = 0; s < 3; ++s) {
+      const int bit = 1 << s;
+#pragma GCC unroll 8
+      for (int a = 0; a < 8; ++a) {
+        if (a & bit) continue;
+        const __m512 A = r[a], B = r[a | bit];
+        r[a] = _mm512_permutex2var_ps(A, vx[s], B);
+        r[a | bit] = _mm512_permutex2var_ps(A, vy[s], B);
+      }
+    }
+    __m512 denom = _mm512_mul_ps(_mm512_set1_ps(1.0f), one_plus_exp_neg2abs(r[0]));
+    __m512 sum = _mm512_add_ps(zero, _mm512_abs_ps(r[0]));
+    __m512i code = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(r[0], zero, _CMP_GT_OQ),
+                                          _mm512_set1_epi32(1));
+#pragma GCC unroll 7
+    for (int j = 1; j < 8; ++j) {
+      denom = _mm512_mul_ps(denom, one_plus_exp_neg2abs(r[j]));
+      sum = _mm512_add_ps(sum, _mm512_abs_ps(r[j]));
+      code = _mm512_mask_or_epi32(code, _mm512_cmp_ps_mask(r[j], zero, _CMP_GT_OQ), code,
+                                  _mm512_set1_epi32(1 << j));
+    }
+    denom = _mm512_permutexvar_ps(vorder, denom);
+    sum = _mm512_permutexvar_ps(vorder, sum);
+    code = _mm512_permutexvar_epi32(vorder, code);
+    _mm512_storeu_ps(weights + k0, _mm512_div_ps(scaled ? sum : _mm512_set1_ps(1.0f), denom));
+    alignas(64) int32_t c[16];
+    _mm512_store_si512(c, code);
+    for (int l = 0; l < 16; ++l) codes[k0 + l] = ((k0 + l) * 256 + c[l]) * d;
+  }
+  return k0;
+}
+#endif
+
+// Codes (as row offsets, in entries) and weights of the h tables for one token; scratch is
+// a 2 h tau buffer. The same arithmetic as the literal loop (features of a table in the
+// order j = 0, 1, ..; sign bits, product of 1 + exp(-2 |z|), sum of |z|), vectorised over
+// tables: with AVX-512, float and tau = 8 in registers, 16 tables at a time
+// (codes_weights_tau8), else on the transposed soft codes. (Before: the same loop over k
+// with the features contiguous, scalar: ~26 ms of the 220 ms hash at (256, 8, 64), 32768
+// tokens; transposed through memory ~18 ms; in registers ~12 ms.)
+template <typename T>
+inline void token_codes_weights(const T* __restrict z, T* __restrict scratch,
                                 int64_t* __restrict codes, T* __restrict weights, int64_t h,
                                 int64_t tau, int64_t d, bool scaled) {
-  const int64_t ht = h * tau;
-#pragma omp simd
-  for (int64_t i = 0; i < ht; ++i) expo[i] = T(1) + std::exp(T(-2) * std::abs(z[i]));
   const int64_t rows_per_table = int64_t(1) << tau;
-  for (int64_t k = 0; k < h; ++k) {
-    int64_t code = 0;
-    T denom = T(1), s = T(0);
-    for (int64_t j = 0; j < tau; ++j) {
-      const T v = z[k * tau + j];
-      code |= int64_t(v > T(0)) << j;
-      denom *= expo[k * tau + j];
-      s += std::abs(v);
+  int64_t k0 = 0;
+#if defined(__AVX512F__) && NNK_FAST_EXP
+  if constexpr (std::is_same<T, float>::value)
+    if (tau == 8) k0 = codes_weights_tau8(z, codes, weights, h, d, scaled);
+#endif
+  // the other tables (all of them but with AVX-512 at tau = 8): transposed, then loops
+  z += k0 * tau, codes += k0, weights += k0;
+  const int64_t hr = h - k0, ht = hr * tau;
+  T* __restrict zt = scratch;
+  T* __restrict expo = scratch + ht;
+  transpose_features<T>(z, zt, hr, tau);
+  int64_t i0 = 0;
+#if defined(__AVX512F__) && NNK_FAST_EXP
+  if constexpr (std::is_same<T, float>::value)
+    for (; i0 + 16 <= ht; i0 += 16) _mm512_storeu_ps(expo + i0, one_plus_exp_neg2abs(_mm512_loadu_ps(zt + i0)));
+#endif
+#pragma omp simd
+  for (int64_t i = i0; i < ht; ++i) expo[i] = T(1) + std::exp(T(-2) * std::abs(zt[i]));
+  // feature by feature over all tables: the code bits in codes, the product in expo's
+  // first row, the sum of |z| in weights (a loop over k inside one over j vectorises)
+  T* __restrict denom = expo;
+#pragma omp simd
+  for (int64_t k = 0; k < hr; ++k) {
+    const T v = zt[k];
+    codes[k] = int64_t(v > T(0));
+    denom[k] = T(1) * expo[k];
+    weights[k] = T(0) + std::abs(v);
+  }
+  for (int64_t j = 1; j < tau; ++j) {
+    const T* __restrict zj = zt + j * hr;
+    const T* __restrict ej = expo + j * hr;
+#pragma omp simd
+    for (int64_t k = 0; k < hr; ++k) {
+      const T v = zj[k];
+      codes[k] |= int64_t(v > T(0)) << j;
+      denom[k] *= ej[k];
+      weights[k] += std::abs(v);
     }
+  }
+#pragma omp simd
+  for (int64_t k = 0; k < hr; ++k) {
+    codes[k] = ((k0 + k) * rows_per_table + codes[k]) * d;
+    weights[k] = scaled ? weights[k] / denom[k] : T(1) / denom[k];
+  }
+#ifdef NNK_DEBUG
+  codes -= k0;
+  for (int64_t k = 0; k < h; ++k) {
+    const int64_t code = codes[k] / d - k * rows_per_table;
     NNK_ASSERT(code >= 0 && code < rows_per_table, "code ", code, " of table ", k,
                " outside [0, ", rows_per_table, ")");
-    codes[k] = (k * rows_per_table + code) * d;
-    weights[k] = scaled ? s / denom : T(1) / denom;
   }
+#endif
 }
 
 // Tokens per tile of the fused kernels: a multiple of every register block below (2, 4,
 // 6, 8, 12 tokens). 48 tokens keep the tile's activations (2 x 48 x d_pad floats, 192 KiB
 // at d_pad = 512) and its soft codes (48 x h tau, 384 KiB at h tau = 2048) within the
 // 1 MiB L2 while each 64 x 64 block of the projection (16 KiB, L1) is reused by 48 tokens.
+#ifndef NNK_PF_BLOCKS
+#define NNK_PF_BLOCKS 1
+#endif
 constexpr int64_t kTile = 48;
 #ifndef SUPER_TILE
 #define SUPER_TILE 480
@@ -909,7 +1080,7 @@ void lookup_tokens(const T* z, const Acc& acc, T* y, int64_t n, int64_t h, int64
   const int64_t tiles = (n + kSuperTile - 1) / kSuperTile;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     const int64_t cap = std::min(kSuperTile, n);
-    std::vector<T> expo(ht), weights(cap * h);
+    std::vector<T> expo(2 * ht), weights(cap * h);
     std::vector<int64_t> codes(cap * h);
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t t_first = tile * kSuperTile, count = std::min<int64_t>(kSuperTile, n - t_first);
@@ -951,6 +1122,17 @@ torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& ta
 // inputs of a block, each step one load per output vector, one broadcast per token and
 // R * CV fused multiply-adds (R = 6, CV = 4 with AVX-512: 24 accumulators of 32
 // registers). The FWHT of each row is the vector kernel above, on rows in L1.
+// Measured (issue s7, 1 thread pinned to CPU 1, 32768 tokens, (256, 8, 64)): the block
+// product is ~135-140 ms of the ~205 ms hash, 34.4 GFLOP at ~245-255 GFLOP/s, against a
+// measured peak of 263 GFLOP/s for independent zmm FMAs on this core (2 per cycle at
+// ~4.1 GHz): ~93-95 % of the FMA peak, so the rest of the hash (FWHT passes, copies,
+// exp, codes) is where the time could go, not the micro-kernel. In the fused kernel the
+// same product takes ~165 ms (the gather leaves the blocks and activations out of the
+// caches); prefetching the next block of the same product into the L1 over this block's
+// register blocks did not help (hash +3 ms, fused unchanged), the next product's blocks
+// into the L2 a little (fused ~5 ms). Also tried: the next tile's rows of x into the L2,
+// 1/16 before each product (fused 421 against 413 ms, hash unchanged); super-tiles of
+// 960 tokens (fused 423 against 422 ms).
 
 // Generic register block (float64, other compilers): 4 tokens x 16 outputs.
 // out[t, q b : (q+1) b] = in[t, q b : (q+1) b] @ B_q for `rows` (a multiple of 4) rows.
@@ -984,13 +1166,47 @@ inline void block_matmul_generic(const T* __restrict in, T* __restrict out,
 #ifdef NNK_FWHT_VECTOR
 // The same product with an R x CV register block of float vectors (rows a multiple of
 // R, b a multiple of CV lanes).
-template <int R, int CV>
+#if defined(__AVX512F__)
+// lane_stages for 16 float lanes with an add and a masked subtract per stage instead of a
+// fused multiply-add by +-1 (the same sums, a + b and a - b), so that the stages run on
+// the adder pipes while the block product keeps the FMA pipes busy.
+inline FwhtVec<float>::V lane_stages_add(FwhtVec<float>::V v) {
+  __m512 x;
+  std::memcpy(&x, &v, sizeof x);
+  // span 1: lanes with bit 0 set take partner - self
+  __m512 t = _mm512_permute_ps(x, 0xB1);  // (1, 0, 3, 2) in each 128-bit lane
+  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xAAAA, t, x);
+  t = _mm512_permute_ps(x, 0x4E);  // (2, 3, 0, 1)
+  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xCCCC, t, x);
+  t = _mm512_shuffle_f32x4(x, x, 0xB1);  // 128-bit lanes (1, 0, 3, 2)
+  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xF0F0, t, x);
+  t = _mm512_shuffle_f32x4(x, x, 0x4E);  // 128-bit lanes (2, 3, 0, 1)
+  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xFF00, t, x);
+  FwhtVec<float>::V out;
+  std::memcpy(&out, &x, sizeof out);
+  return out;
+}
+#endif
+
+// With Stages (b == CV lanes: one register block covers a whole block of the product),
+// the first log2(b) stages of the FWHT that follows (spans 1 .. b/2: within a vector, then
+// across the CV vectors) are applied to the accumulators before they are stored -- the
+// same operations, in the same order, as fwht_rows_vector's first pass, so the same
+// result -- and only the stages across blocks are left to a pass over the tile
+// (fwht_after_stages). Saves the FWHT's separate first pass over the tile (a load and a
+// store of every entry per round; the in-register work overlaps the next block's FMAs).
+template <int R, int CV, bool Stages = false>
 inline void block_matmul_vec(const float* __restrict in, float* __restrict out,
                              const float* __restrict blocks, int64_t rows, int64_t dp,
-                             int64_t b) {
+                             int64_t b, const float* next = nullptr) {
   using V = FwhtVec<float>::V;
   constexpr int L = FwhtVec<float>::lanes;
   const int64_t nb = dp / b;
+  // the next product's blocks (dp b floats) prefetched into the L2, spread over this one
+  const char* pf = reinterpret_cast<const char*>(next);
+  const char* pf_end = pf + (next ? dp * b * int64_t(sizeof(float)) : 0);
+  const int64_t steps = nb * ((rows + R - 1) / R) * ((b + CV * L - 1) / (CV * L));
+  const int64_t pf_step = ((pf_end - pf) / 64 + steps - 1) / steps * 64;
   for (int64_t q = 0; q < nb; ++q) {
     const float* __restrict bq = blocks + q * b * b;
     for (int64_t t0 = 0; t0 < rows; t0 += R) {
@@ -1010,6 +1226,18 @@ inline void block_matmul_vec(const float* __restrict in, float* __restrict out,
             const float xs = x0[r * dp + i];
 #pragma GCC unroll 4
             for (int v = 0; v < CV; ++v) acc[r][v] += xs * bv[v];
+          }
+        }
+        for (const char* e = std::min(pf + pf_step, pf_end); pf < e; pf += 64)
+          __builtin_prefetch(pf, 0, 2);
+        if constexpr (Stages) {
+          constexpr int K = CV == 4 ? 2 : CV == 2 ? 1 : 0;
+          static_assert((1 << K) == CV, "CV must be 1, 2 or 4");
+#pragma GCC unroll 12
+          for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+            for (int v = 0; v < CV; ++v) acc[r][v] = lane_stages_add(acc[r][v]);
+            register_stages<float, K>(acc[r]);
           }
         }
 #pragma GCC unroll 12
@@ -1060,6 +1288,96 @@ inline void block_matmul_tile(const T* in, T* out, const T* blocks, int64_t rows
   block_matmul_generic<T>(in, out, blocks, rows, dp, b);
 }
 
+// Whether the block product of this dtype and block side applies the FWHT's stages within
+// a block itself (block_matmul_vec's Stages: AVX-512, float, b = 16, 32 or 64).
+template <typename T>
+inline bool matmul_applies_stages(int64_t b) {
+#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
+  if constexpr (std::is_same<T, float>::value) return b == 16 || b == 32 || b == 64;
+#endif
+  (void)b;
+  return false;
+}
+
+template <typename T>
+inline void block_matmul_tile_stages(const T* in, T* out, const T* blocks, int64_t rows,
+                                     int64_t dp, int64_t b, const T* next) {
+#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
+  if constexpr (std::is_same<T, float>::value) {
+    if (b == 64) return block_matmul_vec<kRegBlockRows[0], 4, true>(in, out, blocks, rows, dp, b, next);
+    if (b == 32) return block_matmul_vec<kRegBlockRows[1], 2, true>(in, out, blocks, rows, dp, b, next);
+    if (b == 16) return block_matmul_vec<kRegBlockRows[2], 1, true>(in, out, blocks, rows, dp, b, next);
+  }
+#endif
+  (void)in, (void)out, (void)blocks, (void)rows, (void)dp, (void)b, (void)next;
+  NNK_ASSERT(false, "block_matmul_tile_stages without matmul_applies_stages");
+}
+
+// The FWHT stages of spans b .. dp/2 (and the scale) in place on `rows` rows of dp whose
+// stages within blocks of b the block product has applied.
+template <typename T>
+inline void fwht_after_stages(T* x, int64_t rows, int64_t dp, int64_t b, T scale) {
+#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
+  if constexpr (std::is_same<T, float>::value) {
+    constexpr int L = FwhtVec<float>::lanes;
+    const int64_t nvec = dp / L, h0 = b / L;
+    if (h0 < nvec) {
+      stride_passes<float>(x, rows * nvec, nvec, h0, scale, true);
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < rows * dp; ++i) x[i] *= scale;
+    }
+    return;
+  }
+#endif
+  (void)x, (void)rows, (void)dp, (void)b, (void)scale;
+}
+
+// fwht_after_stages on the first `count` rows of src (stride dp) written to rows of dst
+// (stride dst_stride) instead of in place, when the stages left are one pass (spans b ..
+// dp/2, at most kFwhtMaxK stages); returns false (nothing done) otherwise. The same
+// operations as stride_pass's last pass, so the same result.
+#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
+template <int K>
+inline void last_pass_to(const float* src, float* dst, int64_t dst_stride, int64_t count,
+                         int64_t dp, int64_t h0, float scale) {
+  using V = FwhtVec<float>::V;
+  constexpr int L = FwhtVec<float>::lanes, G = 1 << K;
+  for (int64_t t = 0; t < count; ++t) {
+    const float* sr = src + t * dp;
+    float* dr = dst + t * dst_stride;
+    for (int64_t j = 0; j < h0; ++j) {
+      V r[G];
+#pragma GCC unroll 16
+      for (int i = 0; i < G; ++i) r[i] = fwht_load<float>(sr + (j + i * h0) * L);
+      register_stages<float, K>(r);
+#pragma GCC unroll 16
+      for (int i = 0; i < G; ++i) fwht_store<float>(dr + (j + i * h0) * L, r[i] * scale);
+    }
+  }
+}
+#endif
+
+template <typename T>
+inline bool fwht_after_stages_to(const T* src, T* dst, int64_t dst_stride, int64_t count,
+                                 int64_t dp, int64_t b, T scale) {
+#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
+  if constexpr (std::is_same<T, float>::value) {
+    constexpr int L = FwhtVec<float>::lanes;
+    const int64_t h0 = b / L;
+    switch (ilog2(dp / b)) {
+      case 1: last_pass_to<1>(src, dst, dst_stride, count, dp, h0, scale); return true;
+      case 2: last_pass_to<2>(src, dst, dst_stride, count, dp, h0, scale); return true;
+      case 3: last_pass_to<3>(src, dst, dst_stride, count, dp, h0, scale); return true;
+      case 4: last_pass_to<4>(src, dst, dst_stride, count, dp, h0, scale); return true;
+      default: return false;
+    }
+  }
+#endif
+  (void)src, (void)dst, (void)dst_stride, (void)count, (void)dp, (void)b, (void)scale;
+  return false;
+}
+
 // FWHT of `rows` consecutive rows of dp, src -> dst (one thread).
 template <typename T>
 inline void fwht_tile(const T* src, T* dst, int64_t rows, int64_t dp, T scale) {
@@ -1079,24 +1397,53 @@ inline void fwht_tile(const T* src, T* dst, int64_t rows, int64_t dp, T scale) {
 // register block are computed on zeros and not written. Shared by the fused LookupFFN
 // kernel and the stand-alone projection.
 template <typename T>
-void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* out, int64_t count,
+void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* xin, T* out, int64_t count,
                      int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
                      int64_t width, int64_t out_stride, T scale) {
   const int64_t rb = matmul_rows<T>(b);
   const int64_t rows = (count + rb - 1) / rb * rb;
   NNK_ASSERT(d_in <= dp && rows <= kTile && width <= out_stride,
              "tile bounds: d_in ", d_in, " > width ", dp, " or rows ", rows, " > ", kTile);
+  // Tried: the first round reading a full tile of unpadded rows of x in place (no copy):
+  // the hash alone no faster, the fused kernel 0-10 ms slower (x then comes from memory
+  // in the block product's scattered broadcasts instead of one streaming copy).
+  // x padded once per tile into xin (read by every copy's first round); the last round's
+  // stages across blocks write the copy's features straight into out where they can
+  const bool stages = matmul_applies_stages<T>(b);
+  for (int64_t t = 0; t < count; ++t) {
+    std::copy(x + t * d_in, x + (t + 1) * d_in, xin + t * dp);
+    std::fill(xin + t * dp + d_in, xin + (t + 1) * dp, T(0));
+  }
+  std::fill(xin + count * dp, xin + rows * dp, T(0));
   for (int64_t c = 0; c < copies; ++c) {
-    std::fill(cur, cur + rows * dp, T(0));
-    for (int64_t t = 0; t < count; ++t)
-      std::copy(x + t * d_in, x + (t + 1) * d_in, cur + t * dp);
-    for (int64_t i = 0; i < m; ++i) {
-      block_matmul_tile<T>(cur, tmp, blocks + (i * copies + c) * dp * b, rows, dp, b);
-      fwht_tile<T>(tmp, cur, rows, dp, scale);
-    }
     const int64_t lo = c * dp, hi = std::min<int64_t>(width, (c + 1) * dp);
+    const T* in = xin;
+    bool written = false;
+    for (int64_t i = 0; i < m; ++i) {
+      const T* bi = blocks + (i * copies + c) * dp * b;
+      if (stages) {
+        T* dst = in == tmp ? cur : tmp;
+        // the blocks of the next product: next round, next copy's first, or this tile's
+        // first (for the next tile)
+        const T* next = i + 1 < m ? blocks + ((i + 1) * copies + c) * dp * b
+                        : c + 1 < copies ? blocks + (c + 1) * dp * b : blocks;
+        block_matmul_tile_stages<T>(in, dst, bi, rows, dp, b, NNK_PF_BLOCKS ? next : nullptr);
+        if (i + 1 == m && hi - lo == dp &&
+            fwht_after_stages_to<T>(dst, out + lo, out_stride, count, dp, b, scale)) {
+          written = true;
+          break;
+        }
+        fwht_after_stages<T>(dst, rows, dp, b, scale);
+        in = dst;
+      } else {
+        block_matmul_tile<T>(in, tmp, bi, rows, dp, b);
+        fwht_tile<T>(tmp, cur, rows, dp, scale);
+        in = cur;
+      }
+    }
+    if (written) continue;
     for (int64_t t = 0; t < count; ++t)
-      std::copy(cur + t * dp, cur + t * dp + (hi - lo), out + t * out_stride + lo);
+      std::copy(in + t * dp, in + t * dp + (hi - lo), out + t * out_stride + lo);
   }
 }
 
@@ -1128,8 +1475,8 @@ void lookup_bh_tokens(const T* x, const T* blocks, const Acc& acc, T* y, int64_t
   const T scale = T(1) / std::sqrt(T(dp));
   at::parallel_for(0, supers, 1, [&](int64_t begin, int64_t end) {
     const int64_t cap = std::min(kSuperTile, n);
-    std::vector<T> cur(kTile * dp), tmp(kTile * dp), z(kTile * ht);
-    std::vector<T> expo(ht), weights(cap * h);
+    std::vector<T> cur(kTile * dp), tmp(kTile * dp), xin(kTile * dp), z(kTile * ht);
+    std::vector<T> expo(2 * ht), weights(cap * h);
     std::vector<int64_t> codes(cap * h);
     for (int64_t super = begin; super < end; ++super) {
       const int64_t s_first = super * kSuperTile;
@@ -1137,7 +1484,8 @@ void lookup_bh_tokens(const T* x, const T* blocks, const Acc& acc, T* y, int64_t
       // the hash of the super-tile, kTile tokens at a time: codes and weights
       for (int64_t t0 = 0; t0 < s_count; t0 += kTile) {
         const int64_t count = std::min<int64_t>(kTile, s_count - t0);
-        bh_project_tile<T>(x + (s_first + t0) * d_in, blocks, cur.data(), tmp.data(), z.data(),
+        bh_project_tile<T>(x + (s_first + t0) * d_in, blocks, cur.data(), tmp.data(), xin.data(),
+                           z.data(),
                            count, d_in, m, copies, dp, b, ht, ht, scale);
         for (int64_t t = 0; t < count; ++t)
           token_codes_weights<T>(z.data() + t * ht, expo.data(), codes.data() + (t0 + t) * h,
@@ -1224,11 +1572,12 @@ torch::Tensor bh_project_cpu(const torch::Tensor& x, const torch::Tensor& blocks
     const T scale = T(1) / std::sqrt(T(dp));
     const int64_t tiles = (n + kTile - 1) / kTile;
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> cur(kTile * dp), tmp(kTile * dp);
+      std::vector<T> cur(kTile * dp), tmp(kTile * dp), xin(kTile * dp);
       for (int64_t tile = begin; tile < end; ++tile) {
         const int64_t t_first = tile * kTile;
         const int64_t count = std::min<int64_t>(kTile, n - t_first);
-        bh_project_tile<T>(xp + t_first * d_in, bp, cur.data(), tmp.data(), zp + t_first * d_out,
+        bh_project_tile<T>(xp + t_first * d_in, bp, cur.data(), tmp.data(), xin.data(),
+                           zp + t_first * d_out,
                            count, d_in, m, copies, dp, b, d_out, d_out, scale);
       }
     });
@@ -1308,6 +1657,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("tau"), pybind11::arg("scaled"));
   m.def("bh_project", &bh_project_cpu, "BH-m projection of the rows of x (tiles as fused)",
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("d_out"));
+  m.def("isa", []() {
+#if defined(__AVX512F__)
+    return "avx512";
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    return "avx2";
+#else
+    return "portable";
+#endif
+  }, "Which of the fused kernels' hot-loop paths this build compiled (see the header)");
   m.def("debug_checks", []() {
 #ifdef NNK_DEBUG
     return true;
