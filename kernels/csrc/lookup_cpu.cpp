@@ -1396,6 +1396,17 @@ inline void fwht_tile(const T* src, T* dst, int64_t rows, int64_t dp, T scale) {
 // out_stride). `cur`/`tmp` are kTile * dp scratch buffers; rows beyond `count` up to the
 // register block are computed on zeros and not written. Shared by the fused LookupFFN
 // kernel and the stand-alone projection.
+// The block product's in-register FWHT stages (block_matmul_vec<..., Stages>) are off: the
+// same butterflies in exact arithmetic, but compiled under -ffast-math their float32 sums
+// differ from the separate FWHT pass's by ~1e-6, so the projection no longer equals the
+// torch path's (BHProjection.forward) bit for bit, and every projection within rounding
+// of zero may flip its sign bit and read another table row (at (256, 8, 64), 32768 tokens:
+// outputs 3e-2 apart at a few tokens; a test now catches it). No faster either: fused fp16
+// 435-438 ms with them off against 431-443 on (interleaved, pinned, idle machine).
+// -DNNK_BLOCK_STAGES=1 turns them on.
+#ifndef NNK_BLOCK_STAGES
+#define NNK_BLOCK_STAGES 0
+#endif
 template <typename T>
 void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* xin, T* out, int64_t count,
                      int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
@@ -1409,7 +1420,7 @@ void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* xin, T* out
   // in the block product's scattered broadcasts instead of one streaming copy).
   // x padded once per tile into xin (read by every copy's first round); the last round's
   // stages across blocks write the copy's features straight into out where they can
-  const bool stages = matmul_applies_stages<T>(b);
+  const bool stages = NNK_BLOCK_STAGES && matmul_applies_stages<T>(b);
   for (int64_t t = 0; t < count; ++t) {
     std::copy(x + t * d_in, x + (t + 1) * d_in, xin + t * dp);
     std::fill(xin + t * dp + d_in, xin + (t + 1) * dp, T(0));
