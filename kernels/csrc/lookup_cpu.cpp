@@ -1059,9 +1059,6 @@ inline void token_codes_weights(const T* __restrict z, T* __restrict scratch,
 // 6, 8, 12 tokens). 48 tokens keep the tile's activations (2 x 48 x d_pad floats, 192 KiB
 // at d_pad = 512) and its soft codes (48 x h tau, 384 KiB at h tau = 2048) within the
 // 1 MiB L2 while each 64 x 64 block of the projection (16 KiB, L1) is reused by 48 tokens.
-#ifndef NNK_PF_BLOCKS
-#define NNK_PF_BLOCKS 1
-#endif
 constexpr int64_t kTile = 48;
 #ifndef SUPER_TILE
 #define SUPER_TILE 480
@@ -1130,7 +1127,7 @@ torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& ta
 // same product takes ~165 ms (the gather leaves the blocks and activations out of the
 // caches); prefetching the next block of the same product into the L1 over this block's
 // register blocks did not help (hash +3 ms, fused unchanged), the next product's blocks
-// into the L2 a little (fused ~5 ms). Also tried: the next tile's rows of x into the L2,
+// into the L2 a little (fused ~5 ms; not confirmed later, see block_matmul_vec). Also tried: the next tile's rows of x into the L2,
 // 1/16 before each product (fused 421 against 413 ms, hash unchanged); super-tiles of
 // 960 tokens (fused 423 against 422 ms).
 
@@ -1166,47 +1163,21 @@ inline void block_matmul_generic(const T* __restrict in, T* __restrict out,
 #ifdef NNK_FWHT_VECTOR
 // The same product with an R x CV register block of float vectors (rows a multiple of
 // R, b a multiple of CV lanes).
-#if defined(__AVX512F__)
-// lane_stages for 16 float lanes with an add and a masked subtract per stage instead of a
-// fused multiply-add by +-1 (the same sums, a + b and a - b), so that the stages run on
-// the adder pipes while the block product keeps the FMA pipes busy.
-inline FwhtVec<float>::V lane_stages_add(FwhtVec<float>::V v) {
-  __m512 x;
-  std::memcpy(&x, &v, sizeof x);
-  // span 1: lanes with bit 0 set take partner - self
-  __m512 t = _mm512_permute_ps(x, 0xB1);  // (1, 0, 3, 2) in each 128-bit lane
-  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xAAAA, t, x);
-  t = _mm512_permute_ps(x, 0x4E);  // (2, 3, 0, 1)
-  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xCCCC, t, x);
-  t = _mm512_shuffle_f32x4(x, x, 0xB1);  // 128-bit lanes (1, 0, 3, 2)
-  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xF0F0, t, x);
-  t = _mm512_shuffle_f32x4(x, x, 0x4E);  // 128-bit lanes (2, 3, 0, 1)
-  x = _mm512_mask_sub_ps(_mm512_add_ps(x, t), 0xFF00, t, x);
-  FwhtVec<float>::V out;
-  std::memcpy(&out, &x, sizeof out);
-  return out;
-}
-#endif
-
-// With Stages (b == CV lanes: one register block covers a whole block of the product),
-// the first log2(b) stages of the FWHT that follows (spans 1 .. b/2: within a vector, then
-// across the CV vectors) are applied to the accumulators before they are stored -- the
-// same operations, in the same order, as fwht_rows_vector's first pass, so the same
-// result -- and only the stages across blocks are left to a pass over the tile
-// (fwht_after_stages). Saves the FWHT's separate first pass over the tile (a load and a
-// store of every entry per round; the in-register work overlaps the next block's FMAs).
-template <int R, int CV, bool Stages = false>
+// Tried (issue s7): the FWHT's stages within a block applied to the accumulators before
+// they are stored (adds and masked subtracts on the adder pipes). No faster (fused fp16
+// 431-443 against 435-438 ms), and under -ffast-math its float32 sums differed from the
+// FWHT pass's by ~1e-6: the projection then no longer equalled BHProjection.forward bit
+// for bit, and projections within rounding of zero flipped their sign bits and read
+// other table rows. Removed; tests/test_lookup.py checks that equality. Also tried:
+// prefetching the next product's blocks into the L2 during this one: hash 188-194
+// against 181-184 ms without (fused fp16 no faster); removed.
+template <int R, int CV>
 inline void block_matmul_vec(const float* __restrict in, float* __restrict out,
                              const float* __restrict blocks, int64_t rows, int64_t dp,
-                             int64_t b, const float* next = nullptr) {
+                             int64_t b) {
   using V = FwhtVec<float>::V;
   constexpr int L = FwhtVec<float>::lanes;
   const int64_t nb = dp / b;
-  // the next product's blocks (dp b floats) prefetched into the L2, spread over this one
-  const char* pf = reinterpret_cast<const char*>(next);
-  const char* pf_end = pf + (next ? dp * b * int64_t(sizeof(float)) : 0);
-  const int64_t steps = nb * ((rows + R - 1) / R) * ((b + CV * L - 1) / (CV * L));
-  const int64_t pf_step = ((pf_end - pf) / 64 + steps - 1) / steps * 64;
   for (int64_t q = 0; q < nb; ++q) {
     const float* __restrict bq = blocks + q * b * b;
     for (int64_t t0 = 0; t0 < rows; t0 += R) {
@@ -1226,18 +1197,6 @@ inline void block_matmul_vec(const float* __restrict in, float* __restrict out,
             const float xs = x0[r * dp + i];
 #pragma GCC unroll 4
             for (int v = 0; v < CV; ++v) acc[r][v] += xs * bv[v];
-          }
-        }
-        for (const char* e = std::min(pf + pf_step, pf_end); pf < e; pf += 64)
-          __builtin_prefetch(pf, 0, 2);
-        if constexpr (Stages) {
-          constexpr int K = CV == 4 ? 2 : CV == 2 ? 1 : 0;
-          static_assert((1 << K) == CV, "CV must be 1, 2 or 4");
-#pragma GCC unroll 12
-          for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-            for (int v = 0; v < CV; ++v) acc[r][v] = lane_stages_add(acc[r][v]);
-            register_stages<float, K>(acc[r]);
           }
         }
 #pragma GCC unroll 12
@@ -1288,96 +1247,6 @@ inline void block_matmul_tile(const T* in, T* out, const T* blocks, int64_t rows
   block_matmul_generic<T>(in, out, blocks, rows, dp, b);
 }
 
-// Whether the block product of this dtype and block side applies the FWHT's stages within
-// a block itself (block_matmul_vec's Stages: AVX-512, float, b = 16, 32 or 64).
-template <typename T>
-inline bool matmul_applies_stages(int64_t b) {
-#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
-  if constexpr (std::is_same<T, float>::value) return b == 16 || b == 32 || b == 64;
-#endif
-  (void)b;
-  return false;
-}
-
-template <typename T>
-inline void block_matmul_tile_stages(const T* in, T* out, const T* blocks, int64_t rows,
-                                     int64_t dp, int64_t b, const T* next) {
-#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
-  if constexpr (std::is_same<T, float>::value) {
-    if (b == 64) return block_matmul_vec<kRegBlockRows[0], 4, true>(in, out, blocks, rows, dp, b, next);
-    if (b == 32) return block_matmul_vec<kRegBlockRows[1], 2, true>(in, out, blocks, rows, dp, b, next);
-    if (b == 16) return block_matmul_vec<kRegBlockRows[2], 1, true>(in, out, blocks, rows, dp, b, next);
-  }
-#endif
-  (void)in, (void)out, (void)blocks, (void)rows, (void)dp, (void)b, (void)next;
-  NNK_ASSERT(false, "block_matmul_tile_stages without matmul_applies_stages");
-}
-
-// The FWHT stages of spans b .. dp/2 (and the scale) in place on `rows` rows of dp whose
-// stages within blocks of b the block product has applied.
-template <typename T>
-inline void fwht_after_stages(T* x, int64_t rows, int64_t dp, int64_t b, T scale) {
-#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
-  if constexpr (std::is_same<T, float>::value) {
-    constexpr int L = FwhtVec<float>::lanes;
-    const int64_t nvec = dp / L, h0 = b / L;
-    if (h0 < nvec) {
-      stride_passes<float>(x, rows * nvec, nvec, h0, scale, true);
-    } else {
-#pragma omp simd
-      for (int64_t i = 0; i < rows * dp; ++i) x[i] *= scale;
-    }
-    return;
-  }
-#endif
-  (void)x, (void)rows, (void)dp, (void)b, (void)scale;
-}
-
-// fwht_after_stages on the first `count` rows of src (stride dp) written to rows of dst
-// (stride dst_stride) instead of in place, when the stages left are one pass (spans b ..
-// dp/2, at most kFwhtMaxK stages); returns false (nothing done) otherwise. The same
-// operations as stride_pass's last pass, so the same result.
-#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
-template <int K>
-inline void last_pass_to(const float* src, float* dst, int64_t dst_stride, int64_t count,
-                         int64_t dp, int64_t h0, float scale) {
-  using V = FwhtVec<float>::V;
-  constexpr int L = FwhtVec<float>::lanes, G = 1 << K;
-  for (int64_t t = 0; t < count; ++t) {
-    const float* sr = src + t * dp;
-    float* dr = dst + t * dst_stride;
-    for (int64_t j = 0; j < h0; ++j) {
-      V r[G];
-#pragma GCC unroll 16
-      for (int i = 0; i < G; ++i) r[i] = fwht_load<float>(sr + (j + i * h0) * L);
-      register_stages<float, K>(r);
-#pragma GCC unroll 16
-      for (int i = 0; i < G; ++i) fwht_store<float>(dr + (j + i * h0) * L, r[i] * scale);
-    }
-  }
-}
-#endif
-
-template <typename T>
-inline bool fwht_after_stages_to(const T* src, T* dst, int64_t dst_stride, int64_t count,
-                                 int64_t dp, int64_t b, T scale) {
-#if defined(NNK_FWHT_VECTOR) && defined(__AVX512F__)
-  if constexpr (std::is_same<T, float>::value) {
-    constexpr int L = FwhtVec<float>::lanes;
-    const int64_t h0 = b / L;
-    switch (ilog2(dp / b)) {
-      case 1: last_pass_to<1>(src, dst, dst_stride, count, dp, h0, scale); return true;
-      case 2: last_pass_to<2>(src, dst, dst_stride, count, dp, h0, scale); return true;
-      case 3: last_pass_to<3>(src, dst, dst_stride, count, dp, h0, scale); return true;
-      case 4: last_pass_to<4>(src, dst, dst_stride, count, dp, h0, scale); return true;
-      default: return false;
-    }
-  }
-#endif
-  (void)src, (void)dst, (void)dst_stride, (void)count, (void)dp, (void)b, (void)scale;
-  return false;
-}
-
 // FWHT of `rows` consecutive rows of dp, src -> dst (one thread).
 template <typename T>
 inline void fwht_tile(const T* src, T* dst, int64_t rows, int64_t dp, T scale) {
@@ -1396,17 +1265,6 @@ inline void fwht_tile(const T* src, T* dst, int64_t rows, int64_t dp, T scale) {
 // out_stride). `cur`/`tmp` are kTile * dp scratch buffers; rows beyond `count` up to the
 // register block are computed on zeros and not written. Shared by the fused LookupFFN
 // kernel and the stand-alone projection.
-// The block product's in-register FWHT stages (block_matmul_vec<..., Stages>) are off: the
-// same butterflies in exact arithmetic, but compiled under -ffast-math their float32 sums
-// differ from the separate FWHT pass's by ~1e-6, so the projection no longer equals the
-// torch path's (BHProjection.forward) bit for bit, and every projection within rounding
-// of zero may flip its sign bit and read another table row (at (256, 8, 64), 32768 tokens:
-// outputs 3e-2 apart at a few tokens; a test now catches it). No faster either: fused fp16
-// 435-438 ms with them off against 431-443 on (interleaved, pinned, idle machine).
-// -DNNK_BLOCK_STAGES=1 turns them on.
-#ifndef NNK_BLOCK_STAGES
-#define NNK_BLOCK_STAGES 0
-#endif
 template <typename T>
 void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* xin, T* out, int64_t count,
                      int64_t d_in, int64_t m, int64_t copies, int64_t dp, int64_t b,
@@ -1418,9 +1276,7 @@ void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* xin, T* out
   // Tried: the first round reading a full tile of unpadded rows of x in place (no copy):
   // the hash alone no faster, the fused kernel 0-10 ms slower (x then comes from memory
   // in the block product's scattered broadcasts instead of one streaming copy).
-  // x padded once per tile into xin (read by every copy's first round); the last round's
-  // stages across blocks write the copy's features straight into out where they can
-  const bool stages = NNK_BLOCK_STAGES && matmul_applies_stages<T>(b);
+  // x padded once per tile into xin (read by every copy's first round).
   for (int64_t t = 0; t < count; ++t) {
     std::copy(x + t * d_in, x + (t + 1) * d_in, xin + t * dp);
     std::fill(xin + t * dp + d_in, xin + (t + 1) * dp, T(0));
@@ -1429,30 +1285,11 @@ void bh_project_tile(const T* x, const T* blocks, T* cur, T* tmp, T* xin, T* out
   for (int64_t c = 0; c < copies; ++c) {
     const int64_t lo = c * dp, hi = std::min<int64_t>(width, (c + 1) * dp);
     const T* in = xin;
-    bool written = false;
     for (int64_t i = 0; i < m; ++i) {
-      const T* bi = blocks + (i * copies + c) * dp * b;
-      if (stages) {
-        T* dst = in == tmp ? cur : tmp;
-        // the blocks of the next product: next round, next copy's first, or this tile's
-        // first (for the next tile)
-        const T* next = i + 1 < m ? blocks + ((i + 1) * copies + c) * dp * b
-                        : c + 1 < copies ? blocks + (c + 1) * dp * b : blocks;
-        block_matmul_tile_stages<T>(in, dst, bi, rows, dp, b, NNK_PF_BLOCKS ? next : nullptr);
-        if (i + 1 == m && hi - lo == dp &&
-            fwht_after_stages_to<T>(dst, out + lo, out_stride, count, dp, b, scale)) {
-          written = true;
-          break;
-        }
-        fwht_after_stages<T>(dst, rows, dp, b, scale);
-        in = dst;
-      } else {
-        block_matmul_tile<T>(in, tmp, bi, rows, dp, b);
-        fwht_tile<T>(tmp, cur, rows, dp, scale);
-        in = cur;
-      }
+      block_matmul_tile<T>(in, tmp, blocks + (i * copies + c) * dp * b, rows, dp, b);
+      fwht_tile<T>(tmp, cur, rows, dp, scale);
+      in = cur;
     }
-    if (written) continue;
     for (int64_t t = 0; t < count; ++t)
       std::copy(in + t * dp, in + t * dp + (hi - lo), out + t * out_stride + lo);
   }
