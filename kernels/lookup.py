@@ -88,6 +88,8 @@ __all__ = [
     "lookup_gather",
     "lookup_gather_naive",
     "lookup_forward_fused",
+    "quantize_tables",
+    "dequantize_tables",
     "lookup_bh_forward_fused",
     "lookup_bh_hash_fused",
     "gather_fused",
@@ -113,9 +115,10 @@ __all__ = [
 
 #: Implementations of :meth:`LookupFFN.forward`.
 LOOKUP_BACKENDS = ("auto", "torch", "naive", "fused")
-#: Half-width storage the fused kernels can read tables in (float32 inputs, float32
-#: accumulation): see :class:`LookupFFN`'s ``table_dtype``.
-TABLE_DTYPES = (torch.float16, torch.bfloat16)
+#: Narrow storage the fused kernels can read tables in (float32 inputs, float32
+#: accumulation): half-width floats, or int8 with one float32 scale per row
+#: (:func:`quantize_tables`); see :class:`LookupFFN`'s ``table_dtype``.
+TABLE_DTYPES = (torch.float16, torch.bfloat16, torch.int8)
 #: Codes are int64 and a table has ``2**tau`` rows; beyond this nothing fits anyway.
 MAX_TAU = 40
 #: Default cap on the memory of a LookupFFN's tables (4 GiB).
@@ -139,8 +142,10 @@ def _check_tau(tau: Any) -> int:
     return tau
 
 
-def _check_tables(tables: Any) -> tuple[int, int, int]:
-    check_tensor("tables", tables, ndim=3, finite=False)
+def _check_tables(tables: Any, int8: bool = False) -> tuple[int, int, int]:
+    """Shape checks of ``(h, 2**tau, d_out)`` tables (floating, or int8 where ``int8``)."""
+    floating = not (int8 and isinstance(tables, Tensor) and tables.dtype == torch.int8)
+    check_tensor("tables", tables, ndim=3, finite=False, floating=floating)
     h, rows, d_out = tables.shape
     if rows < 2 or rows & (rows - 1) or h < 1 or d_out < 1:
         raise ValueError(
@@ -151,7 +156,7 @@ def _check_tables(tables: Any) -> tuple[int, int, int]:
 
 
 def _check_z_tables(z: Any, tables: Any, same_dtype: bool = True) -> tuple[int, int, int]:
-    h, tau, d_out = _check_tables(tables)
+    h, tau, d_out = _check_tables(tables, int8=not same_dtype)
     _check_z(z, tau)
     if z.shape[-1] != h * tau:
         raise ValueError(
@@ -318,6 +323,58 @@ class LookupGatherFunction(torch.autograd.Function):
         return grad_z, grad_t, None
 
 
+def quantize_tables(tables: Tensor) -> tuple[Tensor, Tensor]:
+    """Int8 tables with one scale per row: ``tables`` ``(h, 2**tau, d_out)`` float ->
+    ``(q, scales)``, ``q`` int8 of the same shape and ``scales`` ``(h, 2**tau)`` float32.
+
+    Symmetric, per row: :math:`s_{kr} = \\max_c |[T_k]_{rc}| / 127` and
+    :math:`q_{krc} = \\mathrm{round}([T_k]_{rc} / s_{kr}) \\in [-127, 127]` (a row of zeros
+    gets :math:`s = 0`, :math:`q = 0`), with :math:`s` rounded to float32 before :math:`q`
+    is rounded against it, so :math:`|[T_k]_{rc} - s_{kr} q_{krc}| \\le s_{kr}/2` entrywise
+    and the layer's output moves by at
+    most :math:`\\sum_k w_k s_{k g_k} / 2` per column. Not in the paper: a way to quarter
+    the bytes the gather streams, derived and measured in chapter 5, section "Half-width
+    tables: what rounding costs in perplexity". Inverse: :func:`dequantize_tables`.
+    """
+    _check_tables(tables)
+    if not bool(torch.isfinite(tables).all()):
+        raise ValueError("tables contains NaN or infinite values; they cannot be quantized")
+    with torch.no_grad():
+        amax = tables.detach().abs().amax(dim=-1).to(torch.float64)
+        scales = (amax / 127.0).to(torch.float32)  # q is rounded against the stored scale
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales)).to(torch.float64)
+        q = torch.round(tables.detach().to(torch.float64) / safe[..., None]).clamp_(-127, 127)
+        return q.to(torch.int8).contiguous(), scales.contiguous()
+
+
+def _check_scales(tables: Tensor, scales: Any) -> None:
+    """``scales`` must be given exactly for int8 tables: ``(h, 2**tau)`` float32, CPU."""
+    if tables.dtype != torch.int8:
+        if scales is not None:
+            raise ValueError(f"scales are only for int8 tables, got {tables.dtype} tables")
+        return
+    if scales is None:
+        raise ValueError("int8 tables need their scales (see quantize_tables)")
+    if not isinstance(scales, Tensor):
+        raise TypeError(f"scales must be a torch.Tensor, got {type(scales).__name__}")
+    want = tuple(tables.shape[:2])
+    if scales.dtype != torch.float32:
+        raise TypeError(f"scales must be float32, got {scales.dtype}")
+    if tuple(scales.shape) != want:
+        raise ValueError(f"scales must have shape (h, 2**tau) = {want}, got {tuple(scales.shape)}")
+    if scales.device != tables.device:
+        raise ValueError(f"scales must be on the tables' device {tables.device}, got {scales.device}")
+
+
+def dequantize_tables(q: Tensor, scales: Tensor) -> Tensor:
+    """``scales[..., None] * q`` as float32: the tables :func:`quantize_tables` stands for."""
+    if not isinstance(q, Tensor) or q.dtype != torch.int8:
+        raise TypeError(f"q must be an int8 torch.Tensor, got {getattr(q, 'dtype', type(q).__name__)}")
+    _check_tables(q, int8=True)
+    _check_scales(q, scales)
+    return q.to(torch.float32) * scales[..., None]
+
+
 def lookup_gather(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
     """Eqs. 13/20 with the top numerator: ``z`` ``(..., h * tau)``, ``tables``
     ``(h, 2**tau, d_out)`` -> ``(..., d_out)``.
@@ -333,7 +390,7 @@ def lookup_gather(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
 
 
 def _check_fused_table_dtype(z_name: str, z: Tensor, tables: Tensor) -> None:
-    """Tables of the input's dtype, or float16/bfloat16 tables with float32 inputs."""
+    """Tables of the input's dtype, or float16/bfloat16/int8 tables with float32 inputs."""
     if tables.dtype in TABLE_DTYPES:
         if z.dtype != torch.float32:
             raise TypeError(
@@ -342,12 +399,12 @@ def _check_fused_table_dtype(z_name: str, z: Tensor, tables: Tensor) -> None:
             )
     elif tables.dtype != z.dtype:
         raise TypeError(
-            f"{z_name} and tables must have the same dtype (or float16/bfloat16 tables with "
+            f"{z_name} and tables must have the same dtype (or float16/bfloat16/int8 tables with "
             f"float32 {z_name}), got {z.dtype} and {tables.dtype}"
         )
 
 
-def _check_fused_inputs(z: Any, tables: Any, z_name: str = "z") -> None:
+def _check_fused_inputs(z: Any, tables: Any, z_name: str = "z", scales: Any = None) -> None:
     for name, value in ((z_name, z), ("tables", tables)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
@@ -355,7 +412,7 @@ def _check_fused_inputs(z: Any, tables: Any, z_name: str = "z") -> None:
         if value.dtype not in allowed:
             raise TypeError(
                 f"the fused kernel needs {name} as "
-                + ("float32, float64, float16 or bfloat16" if name == "tables" else "float32 or float64")
+                + ("float32, float64, float16, bfloat16 or int8" if name == "tables" else "float32 or float64")
                 + f", got {value.dtype}"
             )
         if value.device.type != "cpu":
@@ -369,34 +426,42 @@ def _check_fused_inputs(z: Any, tables: Any, z_name: str = "z") -> None:
         want = "(tokens, h * tau)" if z_name == "z" else "(tokens, h)"
         raise ValueError(f"{z_name} must have shape {want} for the fused kernel, got {tuple(z.shape)}")
     _check_fused_table_dtype(z_name, z, tables)
+    _check_scales(tables, scales)
+    if scales is not None and not scales.is_contiguous():
+        raise ValueError("the fused kernel needs contiguous scales (call .contiguous())")
 
 
-def lookup_forward_fused(z: Tensor, tables: Tensor, scaled: bool = True) -> Tensor:
+def lookup_forward_fused(
+    z: Tensor, tables: Tensor, scaled: bool = True, *, scales: Optional[Tensor] = None
+) -> Tensor:
     """Fused C++ inference kernel: :func:`lookup_gather`'s forward in one pass per token.
 
     ``z``: ``(tokens, h * tau)``, ``tables``: ``(h, 2**tau, d_out)``, both contiguous
     CPU float32/float64 of the same dtype -- or float32 ``z`` with float16/bfloat16
     ``tables`` (:data:`TABLE_DTYPES`): each entry is widened to float32 as it is read
-    and accumulated in float32, so only the bytes the gather streams halve (anything
-    else is a clear error; no silent copies). Per token it computes the ``h`` codes and
+    and accumulated in float32, so only the bytes the gather streams halve -- or int8
+    ``tables`` with their per-row ``scales`` (:func:`quantize_tables`; required then and
+    only then): each row's scale is folded into its weight and the entries widened as
+    they are read, a quarter of float32's bytes. Anything else is a clear error; no
+    silent copies. Per token it computes the ``h`` codes and
     weights (vectorised exponentials), then accumulates the ``h`` rows into the output
     row (with AVX-512 and float32 compute 128 output columns at a time, the partial sums
     in registers), prefetching rows 48 (token, table) pairs ahead; super-tiles of 480
     tokens are spread over torch's threads. The result has ``z``'s dtype. No gradients. Raises
     ``RuntimeError`` when the extension cannot be built.
     """
-    _check_fused_inputs(z, tables)
+    _check_fused_inputs(z, tables, scales=scales)
     _check_z_tables(z, tables, same_dtype=False)
     if not isinstance(scaled, bool):
         raise TypeError(f"scaled must be a bool, got {scaled!r}")
     from kernels._ext import build
 
     with torch.no_grad():
-        return build().lookup_forward(z, tables, scaled)
+        return build().lookup_forward(z, tables, scaled, scales)
 
 
 def _check_bh_fused(
-    x: Any, projection: Any, tables: Any, scaled: Any
+    x: Any, projection: Any, tables: Any, scaled: Any, scales: Any = None
 ) -> tuple[Tensor, int]:
     """Every argument check of :func:`lookup_bh_forward_fused`; returns (blocks, tau)."""
     from kernels.hadamard import _check_fused_array, _check_fused_projection
@@ -406,8 +471,8 @@ def _check_bh_fused(
     _check_fused_array("x", x)
     if x.ndim != 2:
         raise ValueError(f"x must have shape (tokens, d_model) for the fused kernel, got {tuple(x.shape)}")
-    _check_fused_inputs(x, tables, z_name="x")
-    h, tau, d_out = _check_tables(tables)
+    _check_fused_inputs(x, tables, z_name="x", scales=scales)
+    h, tau, d_out = _check_tables(tables, int8=True)
     if projection.out_features != h * tau:
         raise ValueError(
             f"projection must map to h * tau = {h * tau} features for tables of shape "
@@ -425,14 +490,20 @@ def _check_bh_fused(
 
 
 def lookup_bh_forward_fused(
-    x: Tensor, projection: BHProjection, tables: Tensor, scaled: bool = True
+    x: Tensor,
+    projection: BHProjection,
+    tables: Tensor,
+    scaled: bool = True,
+    *,
+    scales: Optional[Tensor] = None,
 ) -> Tensor:
     """Fully fused C++ inference of a BH-m LookupFFN: hash and gather in one kernel.
 
     ``x``: contiguous ``(tokens, d_model)`` CPU float32/float64; ``projection`` a
     :class:`~kernels.hadamard.BHProjection` to ``h * tau`` features with ``block`` a
     multiple of 16; ``tables`` ``(h, 2**tau, d_out)`` contiguous, of ``x``'s dtype or,
-    with float32 ``x``, float16/bfloat16 (as in :func:`lookup_forward_fused`). Per tile
+    with float32 ``x``, float16/bfloat16 or int8 with ``scales`` (as in
+    :func:`lookup_forward_fused`). Per tile
     of 48 tokens (one thread): the ``m`` rounds of block products (a register-blocked
     GEMM micro-kernel, 6 tokens x 64 outputs with AVX-512) and FWHTs (eq. 19), then the
     codes and weights; per super-tile of 480 tokens the gather-accumulate (with AVX-512
@@ -440,15 +511,20 @@ def lookup_bh_forward_fused(
     rows prefetched 48 (token, table) pairs ahead). The soft codes live only in a
     per-thread buffer. No gradients.
     """
-    blocks, tau = _check_bh_fused(x, projection, tables, scaled)
+    blocks, tau = _check_bh_fused(x, projection, tables, scaled, scales)
     from kernels._ext import build
 
     with torch.no_grad():
-        return build().lookup_bh_forward(x, blocks, tables, tau, scaled)
+        return build().lookup_bh_forward(x, blocks, tables, tau, scaled, scales)
 
 
 def lookup_bh_hash_fused(
-    x: Tensor, projection: BHProjection, tables: Tensor, scaled: bool = True
+    x: Tensor,
+    projection: BHProjection,
+    tables: Tensor,
+    scaled: bool = True,
+    *,
+    scales: Optional[Tensor] = None,
 ) -> Tensor:
     """:func:`lookup_bh_forward_fused` without its gather: for timing the hash step.
 
@@ -458,26 +534,32 @@ def lookup_bh_hash_fused(
     uninitialised). The fused time minus this one is what the gather costs inside the
     fused kernel (the breakdown of ``benchmarks/bench_lookup.py``).
     """
-    blocks, tau = _check_bh_fused(x, projection, tables, scaled)
+    blocks, tau = _check_bh_fused(x, projection, tables, scaled, scales)
     from kernels._ext import build
 
     with torch.no_grad():
-        return build().lookup_bh_hash(x, blocks, tables, tau, scaled)
+        return build().lookup_bh_hash(x, blocks, tables, tau, scaled, scales)
 
 
 def gather_fused(
-    codes: Tensor, weights: Tensor, tables: Tensor, out: Optional[Tensor] = None
+    codes: Tensor,
+    weights: Tensor,
+    tables: Tensor,
+    out: Optional[Tensor] = None,
+    *,
+    scales: Optional[Tensor] = None,
 ) -> Tensor:
     """The gather step alone (C++): ``y_t = sum_k weights[t, k] tables[k, codes[t, k]]``.
 
     ``codes`` ``(tokens, h)`` int64 in ``[0, 2**tau)``, ``weights`` ``(tokens, h)`` and
     ``tables`` ``(h, 2**tau, d_out)`` contiguous CPU tensors. Used to time the gather
     on its own (the paper's Table 6 breakdown). Codes are range-checked. ``weights``
-    have the tables' dtype, or float32 with float16/bfloat16 tables. ``out``: an
+    have the tables' dtype, or float32 with float16/bfloat16 tables or int8 tables and
+    their ``scales`` (:func:`quantize_tables`). ``out``: an
     optional preallocated contiguous ``(tokens, d_out)`` result of the weights' dtype
     (reusing it keeps the first-touch page faults of a fresh output out of timings).
     """
-    h, tau, d_out = _check_tables(tables)
+    h, tau, d_out = _check_tables(tables, int8=True)
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.int64:
         raise TypeError("codes must be an int64 tensor")
     if codes.device.type != "cpu":
@@ -486,7 +568,7 @@ def gather_fused(
         raise ValueError(f"codes must have shape (tokens, {h}), got {tuple(codes.shape)}")
     if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 2**tau):
         raise ValueError(f"codes must lie in [0, {2**tau}), got values outside")
-    _check_fused_inputs(weights, tables, z_name="weights")
+    _check_fused_inputs(weights, tables, z_name="weights", scales=scales)
     if weights.shape != codes.shape:
         raise ValueError(f"weights must have the shape of codes {tuple(codes.shape)}, got {tuple(weights.shape)}")
     if not codes.is_contiguous():
@@ -503,7 +585,7 @@ def gather_fused(
     from kernels._ext import build
 
     with torch.no_grad():
-        build().gather(codes, weights, tables, out)
+        build().gather(codes, weights, tables, out, scales)
     return out
 
 
@@ -538,18 +620,22 @@ class LookupFFN(nn.Module):
     the extension is available, the autograd path (:func:`lookup_gather`) otherwise;
     ``"torch"``, ``"naive"`` and ``"fused"`` force one implementation.
 
-    ``table_dtype``: ``None`` (default) or ``torch.float16`` / ``torch.bfloat16``
-    (:data:`TABLE_DTYPES`, float32 layers only; settable after training). Training stays
+    ``table_dtype``: ``None`` (default), ``torch.float16`` / ``torch.bfloat16`` or
+    ``torch.int8`` (:data:`TABLE_DTYPES`, float32 layers only; settable after training). Training stays
     in float32: the ``tables`` parameter is the float32 master copy and every forward
     pass that needs gradients uses it. Inference (no gradient enabled) uses a copy of
     the tables rounded to ``table_dtype`` (:meth:`inference_tables`, remade whenever the
-    master changes): the fused kernel reads it directly -- half the bytes, float32
-    accumulation -- and the ``"torch"``/``"naive"`` backends compute with the rounded
-    values widened back to float32, so every backend gives the same function. Each
-    table entry then carries a relative rounding error of at most ``2**-11`` (float16,
-    entries of magnitude >= ``2**-14``; below that an absolute error <= ``2**-25``) or
-    ``2**-8`` (bfloat16), so ``|y - y_fp32| <= u * sum_k w_k |[T_k]_{g_k}|`` entrywise.
-    Chapter 5 measures what this costs in perplexity and buys in time.
+    master changes): the fused kernel reads it directly -- half (int8: a quarter of) the
+    bytes, float32 accumulation -- and the ``"torch"``/``"naive"`` backends compute with
+    the rounded values widened back to float32, so every backend gives the same function
+    (up to float32 rounding of the sums). Each table entry then carries a relative
+    rounding error of at most ``2**-11`` (float16, entries of magnitude >= ``2**-14``;
+    below that an absolute error <= ``2**-25``) or ``2**-8`` (bfloat16), so
+    ``|y - y_fp32| <= u * sum_k w_k |[T_k]_{g_k}|`` entrywise; int8 rows
+    (:func:`quantize_tables`, one scale :math:`s` per row, :meth:`inference_scales`)
+    carry an absolute error of at most :math:`s/2` per entry, so
+    ``|y - y_fp32| <= sum_k w_k s_{k g_k} / 2``. Chapter 5 measures what this costs in
+    perplexity and buys in time.
     """
 
     def __init__(
@@ -569,7 +655,7 @@ class LookupFFN(nn.Module):
     ) -> None:
         super().__init__()
         self._table_dtype: Optional[torch.dtype] = None
-        self._rounded: Optional[tuple[tuple, Tensor]] = None
+        self._rounded: Optional[tuple[tuple, Tensor, Optional[Tensor]]] = None
         self.d_model = check_positive_int("d_model", d_model)
         self.h = check_positive_int("h", h)
         self.tau = _check_tau(tau)
@@ -612,7 +698,7 @@ class LookupFFN(nn.Module):
 
     @property
     def table_dtype(self) -> Optional[torch.dtype]:
-        """Storage of the tables at inference: ``None`` (the master's dtype), float16 or bfloat16."""
+        """Storage of the tables at inference: ``None`` (the master's dtype), float16, bfloat16 or int8."""
         return self._table_dtype
 
     @table_dtype.setter
@@ -622,7 +708,8 @@ class LookupFFN(nn.Module):
                 raise TypeError(f"table_dtype must be None or a torch.dtype, got {value!r}")
             if value not in TABLE_DTYPES:
                 raise ValueError(
-                    f"table_dtype must be None, torch.float16 or torch.bfloat16, got {value}"
+                    "table_dtype must be None, torch.float16, torch.bfloat16 or torch.int8, "
+                    f"got {value}"
                 )
             if self.tables.dtype != torch.float32:
                 raise ValueError(
@@ -632,17 +719,38 @@ class LookupFFN(nn.Module):
         self._table_dtype = value
         self._rounded = None
 
-    def inference_tables(self) -> Tensor:
-        """The tables inference reads: ``tables`` rounded to :attr:`table_dtype` (a
-        detached copy, cached and remade when the master changes), or the master itself
-        (detached) when ``table_dtype`` is ``None``."""
+    def _rounded_tables(self) -> tuple[Tensor, Optional[Tensor]]:
         master = self.tables.detach()
-        if self._table_dtype is None:
-            return master
         key = (master.data_ptr(), master._version, tuple(master.shape), self._table_dtype)
         if self._rounded is None or self._rounded[0] != key:
-            self._rounded = (key, master.to(self._table_dtype).contiguous())
-        return self._rounded[1]
+            if self._table_dtype == torch.int8:
+                self._rounded = (key, *quantize_tables(master))
+            else:
+                self._rounded = (key, master.to(self._table_dtype).contiguous(), None)
+        return self._rounded[1], self._rounded[2]
+
+    def inference_tables(self) -> Tensor:
+        """The tables inference reads: ``tables`` rounded to :attr:`table_dtype` (a
+        detached copy, cached and remade when the master changes; for int8 the integers
+        of :func:`quantize_tables`, whose scales :meth:`inference_scales` gives), or the
+        master itself (detached) when ``table_dtype`` is ``None``."""
+        if self._table_dtype is None:
+            return self.tables.detach()
+        return self._rounded_tables()[0]
+
+    def inference_scales(self) -> Optional[Tensor]:
+        """The per-row scales of int8 :meth:`inference_tables` (``(h, 2**tau)`` float32),
+        ``None`` for any other :attr:`table_dtype`."""
+        if self._table_dtype != torch.int8:
+            return None
+        return self._rounded_tables()[1]
+
+    def _widened_tables(self) -> Tensor:
+        """The function inference computes with, as float32 tables (torch/naive backends)."""
+        tables, scales = self._rounded_tables()
+        if scales is not None:
+            return dequantize_tables(tables, scales)
+        return tables.to(self.tables.dtype)
 
     def extra_repr(self) -> str:
         return (
@@ -694,18 +802,18 @@ class LookupFFN(nn.Module):
         # inference with table_dtype: every backend computes with the rounded tables
         rounded = self._table_dtype is not None and not torch.is_grad_enabled()
         if backend in ("torch", "naive"):
-            tables = self.inference_tables().to(self.tables.dtype) if rounded else self.tables
+            tables = self._widened_tables() if rounded else self.tables
             gather = lookup_gather if backend == "torch" else lookup_gather_naive
             return gather(self.projection(x), tables, self.scaled)
         lead = x.shape[:-1]
-        tables = self.inference_tables() if rounded else self.tables.detach()
+        tables, scales = self._rounded_tables() if rounded else (self.tables.detach(), None)
         if isinstance(self.projection, BHProjection) and self.projection.block % 16 == 0:
             flat = x.detach().reshape(-1, self.d_model).contiguous()
-            y = lookup_bh_forward_fused(flat, self.projection, tables, self.scaled)
+            y = lookup_bh_forward_fused(flat, self.projection, tables, self.scaled, scales=scales)
         else:
             with torch.no_grad():
                 z = self.projection(x).reshape(-1, self.h * self.tau).contiguous()
-            y = lookup_forward_fused(z, tables, self.scaled)
+            y = lookup_forward_fused(z, tables, self.scaled, scales=scales)
         return y.reshape(*lead, self.d_out)
 
     def flops(self) -> dict[str, int]:

@@ -765,7 +765,7 @@ _SYM_BLOCK_ROWS = 128
 
 
 def _pair_product_sum(a1: Tensor, g1: Tensor, a2: Tensor, g2: Tensor, same: bool) -> Tensor:
-    """``(n1, n2)`` sums :math:`\sum_{t,s}(a_{it}\cdot a'_{js})(g_{it}\cdot g'_{js})` of
+    """``(n1, n2)`` sums :math:`\\sum_{t,s}(a_{it}\\cdot a'_{js})(g_{it}\\cdot g'_{js})` of
     token vectors ``a`` ``(n, T, p)`` and ``g`` ``(n, T, q)``.
 
     ``same`` (``a2 is a1``, ``g2 is g1``): the result is symmetric, so only sample

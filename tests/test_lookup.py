@@ -30,10 +30,13 @@ from kernels.lookup import (
     sign_matrix,
     table_bytes,
     vanilla_ffn_flops,
+    dequantize_tables,
+    quantize_tables,
     TABLE_DTYPES,
 )
 
 F64 = torch.float64
+HALF = (torch.float16, torch.bfloat16)
 
 
 def _draw(n: int, h: int, tau: int, d_out: int, seed: int = 0, dtype=F64, scale: float = 1.0):
@@ -167,11 +170,11 @@ def test_fully_fused_bh_kernel_matches_torch(dtype, d_model, h, tau, block) -> N
 # the scalar tail alone, 17 one 16-column pass + 1, 130 one 128-column pass + 2); every
 # table storage; reference: the literal formula (lookup_gather_naive) in float64 on the
 # same (rounded) tables, through the layer's pure-torch projection.
-@pytest.mark.parametrize("table_dtype", [None, torch.float16, torch.bfloat16, F64])
+@pytest.mark.parametrize("table_dtype", [None, torch.float16, torch.bfloat16, torch.int8, F64])
 @pytest.mark.parametrize(
     "n,d_model,h,tau,block,d_out",
     [(1, 64, 8, 8, 64, 17), (47, 64, 8, 8, 64, 130), (49, 32, 5, 3, 16, 5), (481, 64, 24, 4, 32, 17),
-     (50, 128, 64, 8, 64, 33), (13, 40, 20, 9, 16, 130)],
+     (50, 128, 64, 8, 64, 33), (13, 40, 20, 9, 16, 130), (29, 64, 16, 8, 64, 401)],
 )
 def test_fused_tiling_sweep_matches_literal_formula(table_dtype, n, d_model, h, tau, block, d_out) -> None:
     dtype = F64 if table_dtype is F64 else torch.float32
@@ -180,28 +183,30 @@ def test_fused_tiling_sweep_matches_literal_formula(table_dtype, n, d_model, h, 
                       generator=torch.Generator().manual_seed(n + h))
     x = torch.randn(n, d_model, dtype=dtype, generator=torch.Generator().manual_seed(7 + n))
     with torch.no_grad():
-        tables = layer.inference_tables()
+        tables, scales = layer.inference_tables(), layer.inference_scales()
+        # the function the stored tables stand for, in float64 (int8: q times its row's scale)
+        wide = tables.double() if scales is None else tables.double() * scales.double()[..., None]
         z = layer.projection(x).double()  # the pure-torch BH4 projection
-        want = lookup_gather_naive(z, tables.double(), True)
-        got = lookup_bh_forward_fused(x, layer.projection, tables, True)
-        got_z = lookup_forward_fused(layer.projection(x).contiguous(), tables, True)
+        want = lookup_gather_naive(z, wide, True)
+        got = lookup_bh_forward_fused(x, layer.projection, tables, True, scales=scales)
+        got_z = lookup_forward_fused(layer.projection(x).contiguous(), tables, True, scales=scales)
     assert got.dtype == dtype and got.shape == (n, d_out)
     tol = 1e-10 if dtype == F64 else 2e-4
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
     torch.testing.assert_close(got_z.double(), want, rtol=tol, atol=tol)
     # the hash-only timing entry runs the same hash: its first entry per super-tile is the
     # sum of the weights plus the number of odd row offsets, nothing else is promised
-    marker = lookup_bh_hash_fused(x, layer.projection, tables, True)
+    marker = lookup_bh_hash_fused(x, layer.projection, tables, True, scales=scales)
     assert marker.shape == (n, d_out)
     # non-contiguous input through the layer (which makes it contiguous for the kernel)
     xt = torch.randn(n, 2 * d_model, dtype=dtype, generator=torch.Generator().manual_seed(3))[:, ::2]
     assert not xt.is_contiguous()
     with torch.no_grad():
         torch.testing.assert_close(layer(xt, backend="fused").double(),
-                                   lookup_gather_naive(layer.projection(xt).double(), tables.double(), True),
+                                   lookup_gather_naive(layer.projection(xt).double(), wide, True),
                                    rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="contiguous"):
-        lookup_bh_hash_fused(xt, layer.projection, tables, True)
+        lookup_bh_hash_fused(xt, layer.projection, tables, True, scales=scales)
 
 
 # Half-width tables (float16 / bfloat16, float32 accumulation). Two independent checks:
@@ -224,7 +229,7 @@ def _rounding_bound(z: torch.Tensor, tables: torch.Tensor, dtype, scaled: bool) 
     return u * w_abs_rows + a * w_sum
 
 
-@pytest.mark.parametrize("dtype", TABLE_DTYPES)
+@pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("scaled", [True, False])
 @pytest.mark.parametrize("n,h,tau,d_out", [(37, 7, 3, 9), (5, 16, 8, 64), (0, 2, 2, 3), (19, 1, 13, 5), (23, 12, 6, 130)])
 def test_half_tables_fused_kernel_matches_formula_and_rounding_bound(dtype, scaled, n, h, tau, d_out) -> None:
@@ -249,7 +254,7 @@ def test_half_tables_fused_kernel_matches_formula_and_rounding_bound(dtype, scal
         assert float((got.double() - exact).abs().max()) > 0.05 * float(bound.max())
 
 
-@pytest.mark.parametrize("dtype", TABLE_DTYPES)
+@pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("d_model,h,tau,block", [(64, 16, 4, 16), (100, 40, 7, 32), (48, 30, 8, 16)])
 def test_half_tables_layer_every_backend_agrees_and_training_stays_fp32(dtype, d_model, h, tau, block) -> None:
     layer = LookupFFN(d_model, h, tau, block=block, d_out=24, table_dtype=dtype,
@@ -283,8 +288,8 @@ def test_half_tables_layer_every_backend_agrees_and_training_stays_fp32(dtype, d
 
 def test_half_tables_bad_arguments() -> None:
     gen = torch.Generator().manual_seed(20)
-    with pytest.raises(ValueError, match="table_dtype must be None, torch.float16 or torch.bfloat16"):
-        LookupFFN(32, 4, 4, block=16, table_dtype=torch.int8, generator=gen)
+    with pytest.raises(ValueError, match="table_dtype must be None, torch.float16, torch.bfloat16 or torch.int8"):
+        LookupFFN(32, 4, 4, block=16, table_dtype=torch.int16, generator=gen)
     with pytest.raises(TypeError, match="table_dtype must be None or a torch.dtype"):
         LookupFFN(32, 4, 4, block=16, table_dtype="float16", generator=gen)
     with pytest.raises(ValueError, match="table_dtype needs a float32 layer"):
@@ -297,7 +302,7 @@ def test_half_tables_bad_arguments() -> None:
         lookup_forward_fused(z, tables.half())
     with pytest.raises(TypeError, match="z and tables must have the same dtype"):
         lookup_forward_fused(z.float(), tables)
-    with pytest.raises(TypeError, match="the fused kernel needs tables as float32, float64, float16 or bfloat16"):
+    with pytest.raises(TypeError, match="the fused kernel needs tables as float32, float64, float16, bfloat16 or int8"):
         lookup_forward_fused(z.float(), tables.to(torch.int32))
     with pytest.raises(TypeError, match="tables need x as float32"):
         lookup_bh_forward_fused(torch.zeros(3, 32, dtype=F64), LookupFFN(32, 4, 4, block=16, dtype=F64).projection,
@@ -306,6 +311,134 @@ def test_half_tables_bad_arguments() -> None:
         gather_fused(torch.zeros(6, 4, dtype=torch.int64), torch.zeros(6, 4, dtype=F64), tables.half())
     with pytest.raises(TypeError, match="must be a torch.Tensor"):
         lookup_forward_fused(z.float(), None)
+
+
+# Int8 tables with one float32 scale per row (quantize_tables). Independent references: the
+# quantizer against a loop over rows written from its definition (round half to even, as
+# torch.round and Python's round do); the kernels against the literal formula in float64 on
+# q * scale; the error against float32 tables within the closed-form bound sum_k w_k s_k / 2.
+def _quantize_loop(tables: torch.Tensor):
+    h, rows, d = tables.shape
+    q = torch.zeros(h, rows, d, dtype=torch.int8)
+    s = torch.zeros(h, rows, dtype=torch.float32)
+    for k in range(h):
+        for r in range(rows):
+            row = [float(v) for v in tables[k, r].double()]
+            amax = max(abs(v) for v in row)
+            s[k, r] = amax / 127.0  # stored as float32; q is rounded against the stored value
+            if amax > 0:
+                step = float(s[k, r])
+                q[k, r] = torch.tensor([max(-127, min(127, round(v / step))) for v in row], dtype=torch.int8)
+    return q, s
+
+
+@pytest.mark.parametrize("h,tau,d_out,seed", [(3, 2, 5, 0), (2, 4, 33, 1), (1, 3, 130, 2)])
+def test_quantize_tables_matches_a_loop_and_its_bound(h, tau, d_out, seed) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    tables = torch.randn(h, 2**tau, d_out, generator=gen) * torch.logspace(-6, 2, 2**tau)[None, :, None]
+    tables[0, 1] = 0.0  # a row of zeros: scale 0, q 0
+    q, s = quantize_tables(tables)
+    q_loop, s_loop = _quantize_loop(tables)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32 and q.is_contiguous() and s.is_contiguous()
+    assert torch.equal(q, q_loop) and torch.equal(s, s_loop)
+    assert int(q.abs().max()) == 127 and int(q.min()) >= -127
+    assert float(s[0, 1]) == 0.0 and int(q[0, 1].abs().max()) == 0
+    back = dequantize_tables(q, s)
+    assert back.dtype == torch.float32
+    err = (back.double() - tables.double()).abs()
+    assert bool((err <= s.double()[..., None] * 0.5 + 1.2e-7 * tables.double().abs()).all())  # + float32 product
+    assert float((err / s.double().clamp_min(1e-30)[..., None]).max()) > 0.4  # the bound is attained
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+@pytest.mark.parametrize("n,h,tau,d_out", [(37, 7, 3, 9), (5, 16, 8, 64), (0, 2, 2, 3), (19, 1, 13, 5),
+                                           (23, 12, 6, 130), (9, 20, 8, 300), (481, 17, 8, 512)])
+def test_int8_tables_fused_kernels_match_formula_and_quantization_bound(scaled, n, h, tau, d_out) -> None:
+    z, tables = _draw(n, h, tau, d_out, seed=21, dtype=torch.float32)
+    tables = tables / (h * tau) ** 0.5
+    q, s = quantize_tables(tables)
+    got = lookup_forward_fused(z, q, scaled, scales=s)
+    assert got.dtype == torch.float32 and got.shape == (n, d_out)
+    wide = q.double() * s.double()[..., None]
+    want = lookup_gather_naive(z.double(), wide, scaled)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    if n:
+        codes = hash_codes(z, tau).contiguous()
+        weights = lookup_weights(z, tau, scaled).contiguous()
+        torch.testing.assert_close(gather_fused(codes, weights, q, scales=s).double(), want, rtol=1e-4, atol=1e-5)
+    # against the float32 tables: |y - y32| <= sum_k w_k s_{k g_k} / 2 (plus float32 sums)
+    exact = lookup_gather_naive(z.double(), tables.double(), scaled)
+    half_scale_rows = (s.double() / 2)[..., None].expand(h, 2**tau, 1).contiguous()
+    bound = lookup_gather_naive(z.double(), half_scale_rows, scaled).abs()
+    slack = 1e-5 * exact.abs().amax() if n else 0.0
+    assert bool(((got.double() - exact).abs() <= bound * 1.001 + slack).all())
+    if n:
+        assert float((got.double() - exact).abs().max()) > 0.05 * float(bound.max())
+
+
+@pytest.mark.parametrize("d_model,h,tau,block", [(64, 16, 4, 16), (100, 40, 7, 32), (48, 30, 8, 16)])
+def test_int8_tables_layer_every_backend_agrees_and_cache_follows_master(d_model, h, tau, block) -> None:
+    layer = LookupFFN(d_model, h, tau, block=block, d_out=24, table_dtype=torch.int8,
+                      generator=torch.Generator().manual_seed(22))
+    x = torch.randn(3, 11, d_model, generator=torch.Generator().manual_seed(92))
+    q, s = layer.inference_tables(), layer.inference_scales()
+    assert q.dtype == torch.int8 and s.shape == (h, 2**tau) and layer.tables.dtype == torch.float32
+    with torch.no_grad():
+        fused, naive, torch_path, auto = (layer(x, backend=b) for b in ("fused", "naive", "torch", "auto"))
+    for other in (naive, torch_path, auto):
+        torch.testing.assert_close(fused, other, rtol=2e-4, atol=2e-4)
+    assert "table_dtype=torch.int8" in repr(layer)
+    # training uses the float32 master; the int8 copy follows an in-place change of it
+    plain = LookupFFN(d_model, h, tau, block=block, d_out=24, generator=torch.Generator().manual_seed(22))
+    torch.testing.assert_close(layer(x, backend="torch"), plain(x, backend="torch"), rtol=0, atol=0)
+    with torch.no_grad():
+        layer.tables.mul_(3.0)
+        q3, s3 = layer.inference_tables(), layer.inference_scales()
+        assert torch.equal(q3, quantize_tables(layer.tables)[0]) and torch.equal(s3, quantize_tables(layer.tables)[1])
+        layer.table_dtype = torch.float16
+        assert layer.inference_scales() is None and layer.inference_tables().dtype == torch.float16
+
+
+def test_int8_tables_bad_arguments() -> None:
+    z, tables = _draw(6, 4, 4, 8, dtype=torch.float32)
+    q, s = quantize_tables(tables)
+    codes, weights = hash_codes(z, 4).contiguous(), lookup_weights(z, 4).contiguous()
+    proj = LookupFFN(32, 4, 4, block=16).projection
+    x = torch.randn(6, 32)
+    for call in (lambda **kw: lookup_forward_fused(z, q, **kw),
+                 lambda **kw: gather_fused(codes, weights, q, **kw),
+                 lambda **kw: lookup_bh_forward_fused(x, proj, q, **kw),
+                 lambda **kw: lookup_bh_hash_fused(x, proj, q, **kw)):
+        with pytest.raises(ValueError, match="int8 tables need their scales"):
+            call()
+        with pytest.raises(ValueError, match=r"scales must have shape \(h, 2\*\*tau\) = \(4, 16\)"):
+            call(scales=s[:, :8])
+        with pytest.raises(TypeError, match="scales must be float32"):
+            call(scales=s.double())
+        with pytest.raises(TypeError, match="scales must be a torch.Tensor"):
+            call(scales=s.tolist())
+        with pytest.raises(ValueError, match="contiguous scales"):
+            call(scales=s.t().contiguous().t())
+    with pytest.raises(ValueError, match="scales are only for int8 tables"):
+        lookup_forward_fused(z, tables, scales=s)
+    with pytest.raises(TypeError, match="tables need z as float32"):
+        lookup_forward_fused(z.double(), q, scales=s)
+    with pytest.raises(TypeError, match="tables must have a floating-point dtype"):
+        lookup_gather(z, q)  # the training path has no int8 tables
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        quantize_tables(torch.full((2, 4, 3), float("nan")))
+    with pytest.raises(TypeError, match="q must be an int8"):
+        dequantize_tables(tables, s)
+    with pytest.raises(ValueError, match="int8 tables need their scales"):
+        dequantize_tables(q, None)
+    # the compiled entry points check the scales too (a direct call: RuntimeError)
+    m = _ext.build()
+    with pytest.raises(RuntimeError, match="int8 tables need their scales"):
+        m.lookup_forward(z, q, True)
+    with pytest.raises(RuntimeError, match="scales must be a contiguous CPU float32 tensor"):
+        m.lookup_forward(z, q, True, s[:, :8].contiguous())
+    with pytest.raises(RuntimeError, match="scales are only for int8 tables"):
+        m.lookup_forward(z, tables, True, s)
 
 
 def test_lookup_ffn_trains_through_projection_and_tables() -> None:
@@ -723,7 +856,8 @@ _FALLBACK_CHECK = """
     from kernels import _ext
     from kernels.hadamard import fwht, fwht_torch
     from kernels.lookup import (LookupFFN, gather_fused, hash_codes, lookup_bh_forward_fused,
-                                lookup_forward_fused, lookup_gather_naive, lookup_weights)
+                                lookup_forward_fused, lookup_gather_naive, lookup_weights,
+                                quantize_tables)
     m = _ext.build()
     print("isa", m.isa(), m.__name__)
     gen = torch.Generator().manual_seed(0)
@@ -736,15 +870,21 @@ _FALLBACK_CHECK = """
         z = torch.randn(n, h * tau, generator=gen)
         z.view(-1)[::7] = 0.0
         tables = torch.randn(h, 2**tau, d_out, generator=gen) / (h * tau) ** 0.5
-        for low in (None, torch.float16, torch.bfloat16, torch.float64):
-            t = tables if low is None else tables.to(low)
+        for low in (None, torch.float16, torch.bfloat16, torch.int8, torch.float64):
+            s = None
+            if low is torch.int8:
+                t, s = quantize_tables(tables)
+                wide = t.double() * s.double()[..., None]
+            else:
+                t = tables if low is None else tables.to(low)
+                wide = t.double()
             zz = z.double() if low is torch.float64 else z
-            want = lookup_gather_naive(z.double(), t.double(), True)
+            want = lookup_gather_naive(z.double(), wide, True)
             tol = 1e-10 if low is torch.float64 else 1e-4
-            torch.testing.assert_close(lookup_forward_fused(zz, t, True).double(), want, rtol=tol, atol=tol)
+            torch.testing.assert_close(lookup_forward_fused(zz, t, True, scales=s).double(), want, rtol=tol, atol=tol)
             codes = hash_codes(zz, tau).contiguous()
             weights = lookup_weights(zz, tau, True).contiguous()
-            torch.testing.assert_close(gather_fused(codes, weights, t).double(), want, rtol=tol, atol=tol)
+            torch.testing.assert_close(gather_fused(codes, weights, t, scales=s).double(), want, rtol=tol, atol=tol)
     for d_model, h, tau, block, d_out, n in [(64, 24, 8, 64, 17, 50), (128, 40, 8, 32, 130, 97),
                                               (40, 20, 9, 16, 33, 13), (100, 30, 7, 32, 5, 49)]:
         for dtype in (torch.float32, torch.float64):

@@ -612,6 +612,27 @@ struct RowsBF16 {
 #endif
 };
 
+// int8 tables (symmetric, one float32 scale per row: entry = scale * q): the entries are
+// widened by sign extension and an int -> float conversion; the row's scale is folded into
+// the row's weight before the gather (ScaledTables below), so the gather's inner loop is
+// the same FMA as for the other storages, on a quarter of float32's bytes.
+struct RowsI8 {
+  using S = int8_t;
+  static float widen(int8_t v) { return float(v); }
+#if defined(__AVX512F__)
+  static __m512 load16(const int8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+#endif
+#if defined(__AVX2__)
+  static __m256 load8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+#endif
+};
+
 // y[0:d] (= 0 when `first`) += w[0] rows[0] + ... + w[NK-1] rows[NK-1], the products added
 // one after the other in that order (the order of a row-by-row loop, so the result does
 // not depend on NK), the partial sums in registers.
@@ -777,7 +798,7 @@ void gather_column_block(const typename R::S* __restrict tables,
     prefetch_bytes(tables + offsets[p] + c0, bytes);
   for (int64_t t = 0; t < ntok; ++t) {
     __m512 acc[CV];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int v = 0; v < CV; ++v) acc[v] = _mm512_setzero_ps();
     const int64_t* __restrict off = offsets + t * h;
     const float* __restrict w = weights + t * h;
@@ -787,22 +808,37 @@ void gather_column_block(const typename R::S* __restrict tables,
       NNK_ASSERT(off[k] >= 0, "negative row offset ", off[k], " for table ", k);
       const S* __restrict row = tables + off[k] + c0;
       const __m512 wv = _mm512_set1_ps(w[k]);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int v = 0; v < CV; ++v) acc[v] = _mm512_fmadd_ps(wv, R::load16(row + 16 * v), acc[v]);
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int v = 0; v < CV; ++v) _mm512_storeu_ps(y + t * d + c0 + 16 * v, acc[v]);
   }
+}
+
+#ifndef GATHER_COLUMNS_I8
+#define GATHER_COLUMNS_I8 256
+#endif
+// Columns per pass by storage: int8 rows are a quarter of float32's bytes, so a pass can
+// cover twice fp16's columns (16 accumulators of 32 registers) for the same slice of the
+// tables in the L3 and half the passes over the (token, table) pairs.
+template <typename R>
+constexpr int gather_columns_of() {
+  return std::is_same<R, RowsI8>::value ? GATHER_COLUMNS_I8 : kGatherColumns;
 }
 
 template <typename R>
 void gather_columns(const typename R::S* tables, const int64_t* offsets, const float* weights,
                     int64_t ntok, int64_t h, int64_t d, float* y) {
-  static_assert(kGatherColumns % 16 == 0 && kGatherColumns >= 16 && kGatherColumns <= 128,
-                "GATHER_COLUMNS must be 16, 32, .., 128");
+  constexpr int cols = gather_columns_of<R>();
+  static_assert(cols % 16 == 0 && cols >= 16 && cols <= 256,
+                "GATHER_COLUMNS(_I8) must be 16, 32, .., 256");
   int64_t c0 = 0;
-  for (; c0 + kGatherColumns <= d; c0 += kGatherColumns)
-    gather_column_block<R, kGatherColumns / 16>(tables, offsets, weights, ntok, h, d, c0, y);
+  for (; c0 + cols <= d; c0 += cols)
+    gather_column_block<R, cols / 16>(tables, offsets, weights, ntok, h, d, c0, y);
+  if constexpr (cols > 128)
+    for (; c0 + 128 <= d; c0 += 128)
+      gather_column_block<R, 8>(tables, offsets, weights, ntok, h, d, c0, y);
   for (; c0 + 16 <= d; c0 += 16)
     gather_column_block<R, 1>(tables, offsets, weights, ntok, h, d, c0, y);
   if (c0 < d) {  // the last d % 16 columns
@@ -835,12 +871,45 @@ struct Tables {
   }
 };
 
+// int8 tables: acc as Tables, with each weight first multiplied by the scale of the row it
+// reads (scales: (h, 2^tau) float32, row r = offset / d). The row index is recovered from
+// the offset in floating point: offsets are exact multiples of d below 2^53, so
+// offset * (1 / d) is within 2^-17 of the integer row and rounding gives it exactly.
+// The folded weights live in a per-thread buffer of ntok * h floats.
+struct ScaledTables {
+  Tables<float, RowsI8> rows;
+  const float* scales;
+  int64_t n_rows;  // h 2^tau, for the debug check
+  void operator()(const int64_t* offsets, const float* weights, int64_t ntok, int64_t h,
+                  int64_t d, float* y) const {
+    thread_local std::vector<float> folded;
+    const int64_t total = ntok * h;
+    if (int64_t(folded.size()) < total) folded.resize(total);
+    float* __restrict w = folded.data();
+    const double inv_d = 1.0 / double(d);
+    for (int64_t p = 0; p < total; ++p) {
+      const int64_t r = int64_t(double(offsets[p]) * inv_d + 0.5);
+      NNK_ASSERT(r >= 0 && r < n_rows && r * d == offsets[p], "row ", r, " of offset ",
+                 offsets[p], " outside the ", n_rows, " scales");
+      w[p] = weights[p] * scales[r];
+    }
+    rows(offsets, w, ntok, h, d, y);
+  }
+};
+
 // tables: (h, 2^tau, d) contiguous on the CPU, of the compute dtype (float32/float64) or,
 // for float32 compute, float16 / bfloat16; returns tau.
-inline int64_t check_lookup_tables(const torch::Tensor& tables, torch::ScalarType compute) {
+inline int64_t check_lookup_tables(const torch::Tensor& tables, torch::ScalarType compute,
+                                   const c10::optional<torch::Tensor>& scales = c10::nullopt) {
   const auto st = tables.scalar_type();
-  if (st == torch::kHalf || st == torch::kBFloat16) {
-    NNK_ARG(compute == torch::kFloat, "float16 / bfloat16 tables need float32 inputs, got ",
+  if (st == torch::kChar) {
+    NNK_ARG(scales.has_value() && scales->defined(), "int8 tables need their scales");
+  } else {
+    NNK_ARG(!(scales.has_value() && scales->defined()),
+            "scales are only for int8 tables, got ", st, " tables");
+  }
+  if (st == torch::kHalf || st == torch::kBFloat16 || st == torch::kChar) {
+    NNK_ARG(compute == torch::kFloat, "float16 / bfloat16 / int8 tables need float32 inputs, got ",
             compute);
     NNK_ARG(tables.device().is_cpu(), "tables must be a CPU tensor");
     NNK_ARG(tables.is_contiguous(), "tables must be contiguous");
@@ -852,6 +921,13 @@ inline int64_t check_lookup_tables(const torch::Tensor& tables, torch::ScalarTyp
             "tables must have 2^tau rows with 1 <= tau <= 40, got ", rows);
     int64_t tau = 0;
     while ((int64_t(1) << tau) < rows) ++tau;
+    if (st == torch::kChar) {
+      const torch::Tensor& s = *scales;
+      NNK_ARG(s.device().is_cpu() && s.scalar_type() == torch::kFloat && s.is_contiguous() &&
+                  s.dim() == 2 && s.size(0) == h && s.size(1) == rows,
+              "scales must be a contiguous CPU float32 tensor of shape (", h, ", ", rows,
+              "), got ", s.scalar_type(), " of shape ", s.sizes());
+    }
     return tau;
   }
   const int64_t tau = check_tables(tables);
@@ -863,8 +939,13 @@ inline int64_t check_lookup_tables(const torch::Tensor& tables, torch::ScalarTyp
 // Calls fn(T(), acc) with T the compute type and acc the accumulator of the tables'
 // storage (the dtypes were checked by check_lookup_tables).
 template <typename Fn>
-void dispatch_tables(const torch::Tensor& tables, torch::ScalarType compute, Fn&& fn) {
+void dispatch_tables(const torch::Tensor& tables, torch::ScalarType compute, Fn&& fn,
+                     const c10::optional<torch::Tensor>& scales = c10::nullopt) {
   switch (tables.scalar_type()) {
+    case torch::kChar:
+      fn(float(), ScaledTables{Tables<float, RowsI8>{tables.data_ptr<int8_t>()},
+                               scales->data_ptr<float>(), tables.size(0) * tables.size(1)});
+      break;
     case torch::kHalf:
       fn(float(), Tables<float, RowsF16>{
                       reinterpret_cast<const uint16_t*>(tables.data_ptr<at::Half>())});
@@ -1090,11 +1171,11 @@ void lookup_tokens(const T* z, const Acc& acc, T* y, int64_t n, int64_t h, int64
 }
 
 torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& tables,
-                                 bool scaled) {
+                                 bool scaled, const c10::optional<torch::Tensor>& scales) {
   // z: (n, h*tau), tables: (h, 2^tau, d); both contiguous CPU; tables of z's dtype or,
   // for float32 z, float16 / bfloat16.
   check_float_cpu(z, "z", 2);
-  const int64_t tau = check_lookup_tables(tables, z.scalar_type());
+  const int64_t tau = check_lookup_tables(tables, z.scalar_type(), scales);
   const int64_t n = z.size(0), h = tables.size(0), d = tables.size(2);
   NNK_ARG(z.size(1) == h * tau, "z must have h * tau = ", h * tau, " columns, got ", z.size(1));
   auto y = empty_output({n, d}, z.scalar_type());
@@ -1102,7 +1183,7 @@ torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& ta
   dispatch_tables(tables, z.scalar_type(), [&](auto zero, const auto& acc) {
     using T = decltype(zero);
     lookup_tokens<T>(z.data_ptr<T>(), acc, y.data_ptr<T>(), n, h, tau, d, scaled);
-  });
+  }, scales);
   return y;
 }
 
@@ -1350,9 +1431,10 @@ struct BHLookupShape {
 };
 
 inline BHLookupShape check_bh_lookup(const torch::Tensor& x, const torch::Tensor& blocks,
-                                     const torch::Tensor& tables, int64_t tau) {
+                                     const torch::Tensor& tables, int64_t tau,
+                                     const c10::optional<torch::Tensor>& scales) {
   check_float_cpu(x, "x", 2);
-  NNK_ARG(check_lookup_tables(tables, x.scalar_type()) == tau,
+  NNK_ARG(check_lookup_tables(tables, x.scalar_type(), scales) == tau,
           "tables must have 2^tau = 2^", tau, " rows");
   check_bh(x, blocks, tables.size(0) * tau);
   const int64_t b = blocks.size(3);
@@ -1361,16 +1443,18 @@ inline BHLookupShape check_bh_lookup(const torch::Tensor& x, const torch::Tensor
 }
 
 torch::Tensor lookup_bh_forward_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
-                                    const torch::Tensor& tables, int64_t tau, bool scaled) {
-  // tables of x's dtype or, for float32 x, float16 / bfloat16 (see check_lookup_tables)
-  const BHLookupShape g = check_bh_lookup(x, blocks, tables, tau);
+                                    const torch::Tensor& tables, int64_t tau, bool scaled,
+                                    const c10::optional<torch::Tensor>& scales) {
+  // tables of x's dtype or, for float32 x, float16 / bfloat16 / int8 with scales (see
+  // check_lookup_tables)
+  const BHLookupShape g = check_bh_lookup(x, blocks, tables, tau, scales);
   auto y = empty_output({g.n, g.d}, x.scalar_type());
   if (g.n == 0) return y;
   dispatch_tables(tables, x.scalar_type(), [&](auto zero, const auto& acc) {
     using T = decltype(zero);
     lookup_bh_tokens<T>(x.data_ptr<T>(), blocks.data_ptr<T>(), acc, y.data_ptr<T>(), g.n, g.d_in,
                         g.m, g.copies, g.dp, g.b, g.h, tau, g.d, scaled);
-  });
+  }, scales);
   return y;
 }
 
@@ -1391,8 +1475,9 @@ struct HashOnly {
 };
 
 torch::Tensor lookup_bh_hash_cpu(const torch::Tensor& x, const torch::Tensor& blocks,
-                                 const torch::Tensor& tables, int64_t tau, bool scaled) {
-  const BHLookupShape g = check_bh_lookup(x, blocks, tables, tau);
+                                 const torch::Tensor& tables, int64_t tau, bool scaled,
+                                 const c10::optional<torch::Tensor>& scales) {
+  const BHLookupShape g = check_bh_lookup(x, blocks, tables, tau, scales);
   auto y = empty_output({g.n, g.d}, x.scalar_type());
   if (g.n == 0) return y;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lookup_bh_hash_cpu", [&] {
@@ -1455,13 +1540,13 @@ void gather_tokens(const int64_t* codes, const T* weights, const Acc& acc, T* y,
 }
 
 void gather_cpu(const torch::Tensor& codes, const torch::Tensor& weights,
-                const torch::Tensor& tables, torch::Tensor& out) {
+                const torch::Tensor& tables, torch::Tensor& out, const c10::optional<torch::Tensor>& scales) {
   // codes: (n, h) int64 in [0, 2^tau); weights: (n, h); tables: (h, 2^tau, d);
   // out: (n, d), written (preallocated by the caller, so that timing the gather alone
   // does not time the page faults of a fresh output).
   check_float_cpu(weights, "weights", 2);
   check_float_cpu(out, "out", 2);
-  check_lookup_tables(tables, weights.scalar_type());
+  check_lookup_tables(tables, weights.scalar_type(), scales);
   const int64_t n = codes.size(0), h = tables.size(0), rows = tables.size(1),
                 d = tables.size(2);
   NNK_ARG(codes.device().is_cpu() && codes.scalar_type() == torch::kLong &&
@@ -1481,7 +1566,7 @@ void gather_cpu(const torch::Tensor& codes, const torch::Tensor& weights,
     using T = decltype(zero);
     gather_tokens<T>(codes.data_ptr<int64_t>(), weights.data_ptr<T>(), acc, out.data_ptr<T>(),
                      n, h, rows, d);
-  });
+  }, scales);
 }
 
 }  // namespace
@@ -1494,15 +1579,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("normalized"));
   m.def("lookup_forward", &lookup_forward_cpu,
         "Fused LookupFFN inference: codes, weights and gather-accumulate",
-        pybind11::arg("z"), pybind11::arg("tables"), pybind11::arg("scaled"));
+        pybind11::arg("z"), pybind11::arg("tables"), pybind11::arg("scaled"),
+        pybind11::arg("scales") = pybind11::none());
   m.def("lookup_bh_forward", &lookup_bh_forward_cpu,
         "Fully fused BH-m LookupFFN inference: projection, codes, weights, gather",
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("tables"),
-        pybind11::arg("tau"), pybind11::arg("scaled"));
+        pybind11::arg("tau"), pybind11::arg("scaled"), pybind11::arg("scales") = pybind11::none());
   m.def("lookup_bh_hash", &lookup_bh_hash_cpu,
         "lookup_bh_forward without the gather (timing only; the output is not the layer's)",
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("tables"),
-        pybind11::arg("tau"), pybind11::arg("scaled"));
+        pybind11::arg("tau"), pybind11::arg("scaled"), pybind11::arg("scales") = pybind11::none());
   m.def("bh_project", &bh_project_cpu, "BH-m projection of the rows of x (tiles as fused)",
         pybind11::arg("x"), pybind11::arg("blocks"), pybind11::arg("d_out"));
   m.def("isa", []() {
@@ -1528,5 +1614,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      "kernels._ext checks once that it arrives as a RuntimeError", pybind11::arg("x"));
   m.def("gather", &gather_cpu, "Weighted gather-accumulate of table rows",
         pybind11::arg("codes"), pybind11::arg("weights"), pybind11::arg("tables"),
-        pybind11::arg("out"));
+        pybind11::arg("out"), pybind11::arg("scales") = pybind11::none());
 }
