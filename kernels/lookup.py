@@ -36,8 +36,10 @@ What is here:
   (codes, weights and gather-accumulate in one pass per token, nothing per-table
   materialised), built by :mod:`kernels._ext`; it also reads float16/bfloat16 tables
   (:data:`TABLE_DTYPES`) with float32 accumulation, which halves the bytes the gather
-  streams (:class:`LookupFFN`'s ``table_dtype``; chapter 5, section "Half-width tables:
-  what rounding costs in perplexity", bounds the error and measures the cost);
+  streams, and int8 tables with one float32 scale per row (:func:`quantize_tables`,
+  :func:`dequantize_tables`), a quarter of them (:class:`LookupFFN`'s ``table_dtype``;
+  chapter 5, section "Narrower tables: what rounding costs in perplexity", bounds the
+  error and measures the cost);
 * :class:`LookupFFN`, and the baselines of the chapter's language model:
   :class:`VanillaFFN`, :class:`BlockDiagonalFFN` (grouped linear + channel shuffle) and
   :class:`Top1MoEFFN` (switch-style top-1 mixture of experts) and :class:`LSHSparseFFN`
@@ -333,7 +335,7 @@ def quantize_tables(tables: Tensor) -> tuple[Tensor, Tensor]:
     is rounded against it, so :math:`|[T_k]_{rc} - s_{kr} q_{krc}| \\le s_{kr}/2` entrywise
     and the layer's output moves by at
     most :math:`\\sum_k w_k s_{k g_k} / 2` per column. Not in the paper: a way to quarter
-    the bytes the gather streams, derived and measured in chapter 5, section "Half-width
+    the bytes the gather streams, derived and measured in chapter 5, section "Narrower
     tables: what rounding costs in perplexity". Inverse: :func:`dequantize_tables`.
     """
     _check_tables(tables)
@@ -445,8 +447,9 @@ def lookup_forward_fused(
     they are read, a quarter of float32's bytes. Anything else is a clear error; no
     silent copies. Per token it computes the ``h`` codes and
     weights (vectorised exponentials), then accumulates the ``h`` rows into the output
-    row (with AVX-512 and float32 compute 128 output columns at a time, the partial sums
-    in registers), prefetching rows 48 (token, table) pairs ahead; super-tiles of 480
+    row (with AVX-512 and float32 compute 128 output columns at a time, 256 for int8
+    tables, the partial sums in registers), prefetching rows 64 (token, table) pairs
+    ahead; super-tiles of 480
     tokens are spread over torch's threads. The result has ``z``'s dtype. No gradients. Raises
     ``RuntimeError`` when the extension cannot be built.
     """
@@ -507,8 +510,8 @@ def lookup_bh_forward_fused(
     of 48 tokens (one thread): the ``m`` rounds of block products (a register-blocked
     GEMM micro-kernel, 6 tokens x 64 outputs with AVX-512) and FWHTs (eq. 19), then the
     codes and weights; per super-tile of 480 tokens the gather-accumulate (with AVX-512
-    and float32 compute: 128 output columns at a time, the partial sums in registers,
-    rows prefetched 48 (token, table) pairs ahead). The soft codes live only in a
+    and float32 compute: 128 output columns at a time, 256 for int8 tables, the partial
+    sums in registers, rows prefetched 64 (token, table) pairs ahead). The soft codes live only in a
     per-thread buffer. No gradients.
     """
     blocks, tau = _check_bh_fused(x, projection, tables, scaled, scales)
