@@ -38,6 +38,7 @@ __all__ = [
     "machine_info",
     "time_interleaved",
     "summarize",
+    "onednn_dense_ffn",
     "native_libraries",
     "peak_memory_of_call",
     "run_worker",
@@ -142,6 +143,45 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
         q1 = q3 = values[0]
     return {"median_s": statistics.median(values), "min_s": min(values),
             "q1_s": q1, "q3_s": q3, "iqr_s": q3 - q1}
+
+
+def onednn_dense_ffn(w1: Any, b1: Any, w2: Any, b2: Any, x: Any) -> Optional[Callable[[], Any]]:
+    """A dense GELU FFN ``gelu(x w1^T + b1) w2^T + b2`` (``nn.Linear`` layouts: ``w1``
+    ``(hidden, d)``, ``w2`` ``(d, hidden)``; exact-erf GELU) on oneDNN's inner product with
+    the GELU fused into the first product, as a zero-argument callable on ``x`` ``(..., d)``.
+
+    The dense anchor of the FFN benchmarks: torch's public float32 paths (eager and
+    ``torch.compile``) run their GEMMs on the BLAS torch was built with (OpenBLAS here,
+    about half of oneDNN's rate on this CPU), so a replacement's speedup over torch's FFN
+    is not its speedup over the fastest dense FFN a user could run. The op,
+    ``torch.ops.mkldnn._linear_pointwise``, is private: this returns ``None`` when it is
+    missing, fails, or disagrees with the same FFN in plain torch on a probe of 64 rows
+    (relative 1e-4), and every caller then reports the anchor as not available.
+    """
+    try:
+        import torch
+        import torch.nn.functional as F
+
+        op = torch.ops.mkldnn._linear_pointwise
+        w1c, w2c = w1.detach().contiguous(), w2.detach().contiguous()
+        b1c, b2c = b1.detach().contiguous(), b2.detach().contiguous()
+        d = w1c.shape[1]
+        flat = x.detach().reshape(-1, d).contiguous()
+        shape = tuple(x.shape[:-1]) + (w2c.shape[0],)
+
+        def ffn() -> Any:
+            return op(op(flat, w1c, b1c, "gelu", [], "none"), w2c, b2c, "none", [], "").view(shape)
+
+        with torch.no_grad():
+            probe = flat[:64]
+            want = F.linear(F.gelu(F.linear(probe, w1c, b1c)), w2c, b2c)
+            got = op(op(probe, w1c, b1c, "gelu", [], "none"), w2c, b2c, "none", [], "")
+        scale = float(want.abs().max()) or 1.0
+        if got.shape != want.shape or float((got - want).abs().max()) > 1e-4 * scale:
+            return None
+        return ffn
+    except (RuntimeError, AttributeError, TypeError, ValueError, IndexError):
+        return None
 
 
 def _status_mib(key: str) -> Optional[float]:

