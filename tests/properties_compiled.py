@@ -31,6 +31,7 @@ from kernels.lookup import (
     lookup_bh_forward_fused,
     lookup_forward_fused,
     lookup_gather,
+    quantize_tables,
 )
 
 # Hypothesis keeps small caches (no example database here): outside the repository.
@@ -85,6 +86,48 @@ def prop_lookup_forward_fused(data, n, h, tau, d_out, scaled) -> None:
         return
     # float16/bfloat16 tables are widened exactly to z's float32 by the kernel
     close(y, lookup_gather(z, tables.to(z.dtype), scaled), z)
+
+
+@SETTINGS
+@given(data=st.data(), n=st.integers(0, 20), h=size(3), tau=size(4), d_out=size(4),
+       scales_case=st.sampled_from(["ok", "ok", "ok", "none", "shape", "dtype", "strided", "list"]))
+def prop_int8_tables(data, n, h, tau, d_out, scales_case) -> None:
+    """Int8 tables with their scales through the fused forward and gather: the result of
+    the literal formula on q * scale, or a clear error naming the argument."""
+    dt = data.draw(st.sampled_from((torch.float32, torch.float32, torch.float64)))
+    z = data.draw(tensors(dtype=dt, shape=(n, h * data.draw(near(tau)))))
+    master = torch.randn(data.draw(near(h)), 2**tau, d_out, generator=torch.Generator().manual_seed(n + d_out))
+    try:
+        q, scales = quantize_tables(master)
+    except Exception as exc:  # noqa: BLE001  (tau = 0 or d_out = 0: not a table)
+        check_clear(exc, "tables")
+        return
+    if scales_case == "none":
+        scales = None
+    elif scales_case == "shape":
+        scales = scales[:, :-1] if scales.shape[1] > 1 else scales.repeat(1, 2)
+    elif scales_case == "dtype":
+        scales = scales.double()
+    elif scales_case == "strided" and scales.numel() > 1:
+        scales = torch.cat([scales, scales], 1)[:, ::2]
+    elif scales_case == "list":
+        scales = scales.tolist()
+    calls = [lambda: lookup_forward_fused(z, q, True, scales=scales)]
+    if z.dtype == torch.float32 and z.shape[-1] == q.shape[0] * tau and q.shape[0] == h:
+        codes = torch.randint(0, 2**tau, (n, h), generator=torch.Generator().manual_seed(n))
+        weights = torch.rand(n, h, generator=torch.Generator().manual_seed(n + 1))
+        calls.append(lambda: gather_fused(codes, weights, q, scales=scales))
+    for i, call in enumerate(calls):
+        try:
+            y = call()
+        except Exception as exc:  # noqa: BLE001
+            check_clear(exc, "z", "tables", "scales", "codes", "weights")
+            continue
+        wide = q.to(torch.float64) * torch.as_tensor(scales, dtype=torch.float64)[..., None]
+        if i == 0:
+            close(y, lookup_gather(z, wide.to(z.dtype)), z)
+        else:
+            close(y, (weights.unsqueeze(-1) * wide.float()[torch.arange(h), codes]).sum(1), weights)
 
 
 @SETTINGS
@@ -156,7 +199,11 @@ def prop_direct_calls_never_crash(data) -> None:
     dims = st.lists(st.integers(0, 5), min_size=0, max_size=5)
     def arg():
         return data.draw(tensors(dtype=dt, shape=tuple(data.draw(dims)), special=False))
-    name = data.draw(st.sampled_from(["fwht", "lookup_forward", "lookup_bh_forward", "bh_project", "gather"]))
+    name = data.draw(st.sampled_from(["fwht", "lookup_forward", "lookup_bh_forward", "bh_project", "gather",
+                                      "int8"]))
+    def int8_tables():
+        shape = tuple(data.draw(dims))
+        return torch.randint(-127, 128, shape, dtype=torch.int8, generator=torch.Generator().manual_seed(len(shape)))
     try:
         if name == "fwht":
             module.fwht(arg(), True)
@@ -166,6 +213,16 @@ def prop_direct_calls_never_crash(data) -> None:
             module.lookup_bh_forward(arg(), arg(), arg(), data.draw(st.integers(-1, 5)), True)
         elif name == "bh_project":
             module.bh_project(arg(), arg(), data.draw(st.integers(-1, 40)))
+        elif name == "int8":  # int8 tables with scales of any shape (or none) on each entry point
+            entry = data.draw(st.sampled_from(["lookup_forward", "lookup_bh_forward", "gather"]))
+            scales = arg() if data.draw(st.integers(0, 3)) else None
+            if entry == "lookup_forward":
+                module.lookup_forward(arg(), int8_tables(), True, scales)
+            elif entry == "lookup_bh_forward":
+                module.lookup_bh_forward(arg(), arg(), int8_tables(), data.draw(st.integers(-1, 5)), True, scales)
+            else:
+                codes = torch.randint(0, 2, tuple(data.draw(dims)))
+                module.gather(codes, arg(), int8_tables(), arg(), scales)
         else:
             codes = torch.randint(-2, 6, tuple(data.draw(dims)))
             module.gather(codes if data.draw(st.booleans()) else codes.clamp(0, 1), arg(), arg(), arg())
@@ -174,7 +231,7 @@ def prop_direct_calls_never_crash(data) -> None:
 
 
 def main() -> int:
-    props = [prop_lookup_forward_fused, prop_bh_kernels, prop_gather_fused, prop_fwht_compiled]
+    props = [prop_lookup_forward_fused, prop_bh_kernels, prop_gather_fused, prop_fwht_compiled, prop_int8_tables]
     assert _ext.extension_available(), "the extension must build on this platform"
     if _ext.cpp_errors_propagate():
         props.append(prop_direct_calls_never_crash)

@@ -690,6 +690,11 @@ def test_debug_build_compiles_and_checks_indices(tmp_path) -> None:
         with torch.no_grad():
             torch.testing.assert_close(layer(x, backend="fused"), layer(x, backend="torch"))
             torch.testing.assert_close(bh_project_fused(x, layer.projection), layer.projection(x))
+        # int8 tables: every row index recovered from an offset is checked against the scales
+        layer8 = LookupFFN(40, 5, 4, block=16, d_out=300, table_dtype=torch.int8)
+        x8 = torch.randn(530, 40)
+        with torch.no_grad():
+            torch.testing.assert_close(layer8(x8, backend="fused"), layer8(x8, backend="torch"), rtol=2e-4, atol=2e-4)
         try:
             m.gather(torch.full((2, 3), 16), torch.ones(2, 3, dtype=torch.float64), t, torch.empty(2, 5, dtype=torch.float64))
             print("no error")
