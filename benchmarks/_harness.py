@@ -41,6 +41,7 @@ __all__ = [
     "onednn_dense_ffn",
     "native_libraries",
     "peak_memory_of_call",
+    "peak_memory_workers",
     "run_worker",
     "write_results",
     "markdown_table",
@@ -282,6 +283,21 @@ def run_worker(
         )
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     return json.loads(lines[-1])
+
+
+def peak_memory_workers(script: Path, args_by_name: dict[str, list[str]]) -> dict[str, Optional[float]]:
+    """Peak memory of several calls, each measured by ``script`` in a fresh process
+    (:func:`run_worker` with ``for_memory=True``; the worker prints ``{"peak_mb": ...}``,
+    from :func:`peak_memory_of_call`): ``{name: MiB}``, ``None`` (with a line on stderr)
+    for a worker that failed, so that a missing figure never stops a benchmark."""
+    out: dict[str, Optional[float]] = {}
+    for name, args in args_by_name.items():
+        try:
+            out[name] = run_worker(script, args, for_memory=True)["peak_mb"]
+        except (RuntimeError, KeyError, ValueError) as exc:
+            print(f"memory worker {name} ({' '.join(args)}) failed: {exc}", file=sys.stderr)
+            out[name] = None
+    return out
 
 
 def markdown_table(

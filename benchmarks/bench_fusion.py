@@ -49,7 +49,7 @@ from _harness import (  # noqa: E402
     machine_info,
     onednn_dense_ffn,
     peak_memory_of_call,
-    run_worker,
+    peak_memory_workers,
     time_interleaved,
     write_results,
 )
@@ -129,15 +129,8 @@ def memory_worker(case: str, k: int, which: str) -> None:
 
 def peak_memory(case: str, k: int, threads: int) -> dict[str, Optional[float]]:
     """Extra peak RSS (MiB) of one call, fused and original, each in a fresh process."""
-    out: dict[str, Optional[float]] = {}
-    for which in ("fused", "original"):
-        args = ["--memory-worker", case, str(k), which, "--threads", str(threads)]
-        try:
-            out[which] = run_worker(Path(__file__), args, for_memory=True)["peak_mb"]
-        except (RuntimeError, KeyError, ValueError) as exc:
-            print(f"memory worker {case} k={k} {which} failed: {exc}", file=sys.stderr)
-            out[which] = None
-    return out
+    return peak_memory_workers(Path(__file__), {
+        which: ["--memory-worker", case, str(k), which, "--threads", str(threads)] for which in ("fused", "original")})
 
 
 def add_memory(r: dict[str, Any], fused: nn.Module, original: nn.Module, threads: int, measure: bool) -> None:

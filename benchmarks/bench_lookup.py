@@ -81,6 +81,7 @@ from _harness import (  # noqa: E402
     markdown_table,
     onednn_dense_ffn,
     peak_memory_of_call,
+    peak_memory_workers,
     run_worker,
     time_interleaved,
 )
@@ -349,16 +350,9 @@ def peak_memory(tokens: int, setting: tuple, threads: int) -> dict[str, Optional
     """Extra peak RSS (MiB) of one call of each method in :data:`MEMORY`, each in a fresh
     process (``_harness.peak_memory_of_call`` via ``run_worker``: RSS high-water mark
     reset after a warm-up call; the output included, the inputs and weights not)."""
-    out: dict[str, Optional[float]] = {}
-    for method in MEMORY:
-        args = ["--memory-worker", method, "--setting", ",".join(map(str, setting)),
-                "--tokens", str(tokens), "--threads", str(threads)]
-        try:
-            out[method] = run_worker(Path(__file__), args, for_memory=True)["peak_mb"]
-        except (RuntimeError, KeyError, ValueError) as exc:
-            print(f"memory worker {method} {setting} failed: {exc}", file=sys.stderr)
-            out[method] = None
-    return out
+    return peak_memory_workers(Path(__file__), {
+        method: ["--memory-worker", method, "--setting", ",".join(map(str, setting)), "--tokens", str(tokens),
+                 "--threads", str(threads)] for method in MEMORY})
 
 
 def memory_worker(method: str, setting: tuple, tokens: int) -> None:

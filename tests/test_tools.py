@@ -97,6 +97,22 @@ def test_benchmark_harness_reports_spread_and_machine() -> None:
     assert "2.0 ms (IQR 0.1 ms)" in table and "4.0 ms (IQR 0.2 ms)" in table
 
 
+def test_peak_memory_workers_collects_figures_and_survives_a_failed_worker(tmp_path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _harness
+
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent('''
+        import json, sys
+        if sys.argv[1] == "fail":
+            sys.exit("this worker fails")
+        print("progress")
+        print(json.dumps({"peak_mb": float(sys.argv[1])}))
+    '''))
+    got = _harness.peak_memory_workers(script, {"a": ["2.5"], "b": ["fail"], "c": ["0"]})
+    assert got == {"a": 2.5, "b": None, "c": 0.0}
+
+
 @pytest.mark.parametrize("d,hidden,lead", [(8, 32, (5,)), (384, 1536, (4, 24)), (17, 3, (70,))])
 def test_onednn_dense_ffn_anchor_matches_torch_ffn(d, hidden, lead) -> None:
     """The oneDNN anchor of the FFN benchmarks computes the same FFN as torch (exact GELU),
