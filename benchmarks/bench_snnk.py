@@ -19,7 +19,10 @@ count unless ``--threads``; each comparison timed interleaved with
     3072 -> 768`` (BERT-base's), against the same block with its first layer replaced by
     a ReLU-SNNK layer with ``m`` in {8, 16} features, unbundled (``W2(SNNK(x)) + b2``)
     and bundled (``Phi(x) (W2 Omega)^T + b2``, :func:`kernels.snnk.bundle`), on 64 x 128
-    tokens. Speedups are ratios against the dense block in the same run.
+    tokens. Speedups are ratios against the dense block in the same run; in the same rounds
+    the dense block also runs on oneDNN's inner product with the GELU fused
+    (``_harness.onednn_dense_ffn``, a private torch op, about twice torch's OpenBLAS block
+    here), the fastest dense FFN we found on this CPU: ``speedup_vs_onednn``.
 
 The load average is recorded at the start and at the end: the machine is shared, so the
 ratios (not the absolute times) are what to read.
@@ -37,7 +40,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import machine_info, time_interleaved, write_results  # noqa: E402
+from _harness import machine_info, onednn_dense_ffn, time_interleaved, write_results  # noqa: E402
 
 from kernels.snnk import SNNKLinear, bundle  # noqa: E402
 
@@ -84,6 +87,9 @@ def bundled_rows(shapes: list[tuple[int, int]], ms: list[int], repeats: int,
         x = torch.randn(tokens[0] * tokens[1], d, generator=gen) / d**0.5
         up, down = nn.Linear(d, hidden), nn.Linear(hidden, d)
         fns = {"dense": lambda: down(torch.nn.functional.gelu(up(x)))}
+        anchor = onednn_dense_ffn(up.weight, up.bias, down.weight, down.bias, x)
+        if anchor is not None:
+            fns["dense_onednn"] = anchor
         variants = {}
         for m in ms:
             snnk = SNNKLinear(d, hidden, m, "relu", generator=gen)
@@ -110,6 +116,9 @@ def bundled_rows(shapes: list[tuple[int, int]], ms: list[int], repeats: int,
                     "speedup": ref / ours,
                     "params_ours": params,
                     "params_ref": p_ref,
+                    **({} if anchor is None else {
+                        "onednn_s": times["dense_onednn"]["median_s"],
+                        "speedup_vs_onednn": times["dense_onednn"]["median_s"] / ours}),
                 })
     return rows
 
@@ -138,6 +147,9 @@ def main() -> None:
         "run, interleaved. Parameters: trainable tensors of the layer or block (for the bundled "
         "block: the stored matrix W2 Omega and the bias; the random projections are regenerated "
         "from a seed). See the module docstring of benchmarks/bench_snnk.py for the setup."
+        + "".join(f" {r['shape']}, {r['ours']}: {r['speedup_vs_onednn']:.2f}x the dense FFN on oneDNN "
+                  f"({1e3 * r['onednn_s']:.1f} ms, a private torch op, GELU fused; torch's block {1e3 * r['ref_s']:.1f} ms)."
+                  for r in rows if "onednn_s" in r)
     )
     json_path, md_path = write_results("snnk", machine, rows, notes)
     print(md_path.read_text())
