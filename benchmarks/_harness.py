@@ -40,6 +40,7 @@ __all__ = [
     "summarize",
     "onednn_dense_ffn",
     "native_libraries",
+    "module_bytes",
     "peak_memory_of_call",
     "peak_memory_workers",
     "run_worker",
@@ -283,6 +284,13 @@ def run_worker(
         )
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     return json.loads(lines[-1])
+
+
+def module_bytes(module: Any, buffers: bool = True) -> int:
+    """Bytes of a module's parameters (and, unless ``buffers`` is false, its buffers): the
+    weights a model holds, beside the per-call peak of :func:`peak_memory_of_call`."""
+    tensors = list(module.parameters()) + (list(module.buffers()) if buffers else [])
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def peak_memory_workers(script: Path, args_by_name: dict[str, list[str]]) -> dict[str, Optional[float]]:

@@ -88,10 +88,6 @@ def build(method: str, ffn, budget: int, x):
     return module.eval()
 
 
-def module_bytes(module) -> int:
-    return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
-
-
 def memory_worker(path: str) -> None:
     """Fresh-process memory of one saved module (last stdout line, JSON): ``load_run_mb``, the
     resident high-water mark above the pre-load RSS while loading the module and running it
@@ -174,7 +170,7 @@ def main() -> None:
         return
     import torch
 
-    from _harness import machine_info, onednn_dense_ffn, time_interleaved, write_results
+    from _harness import machine_info, module_bytes, onednn_dense_ffn, time_interleaved, write_results
     from kernels.ffn import REPLACEMENTS, budget_for_hidden, multiply_adds, parameter_count, replace_ffns
 
     repeats = args.repeats or (3 if args.quick else 30)

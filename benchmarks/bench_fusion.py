@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _harness import (  # noqa: E402
     machine_info,
+    module_bytes,
     onednn_dense_ffn,
     peak_memory_of_call,
     peak_memory_workers,
@@ -71,8 +72,8 @@ P, P_INNER = 384, 1536
 
 
 def weights_mib(module: nn.Module) -> float:
-    """Memory of a module's parameters (MiB)."""
-    return sum(t.numel() * t.element_size() for t in module.parameters()) / 2**20
+    """Memory of a module's parameters (MiB; buffers, such as MiniLM's position ids, not counted)."""
+    return module_bytes(module, buffers=False) / 2**20
 
 
 def _minilm_pair() -> Optional[tuple[nn.Module, nn.Module]]:

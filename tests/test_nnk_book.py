@@ -341,6 +341,26 @@ def test_plot_smoothed_places_each_average_at_its_last_step() -> None:
     plt.close(fig)
 
 
+def test_plot_seed_losses_draws_every_run_and_labels_each_model_once() -> None:
+    from nnk_book import plot_seed_losses
+
+    fig, ax = plt.subplots()
+    runs = [{"train": [3.0, 2.0, 1.0, 0.5, 0.4], "test": [3.1, 2.2, 1.5, 1.0, 0.9]} for _ in range(3)]
+    plot_seed_losses(ax, [("MLP", "k", runs), ("SNNK", "C0", runs[:2])], 5, "losses")
+    lines = ax.get_lines()
+    assert len(lines) == 2 * 3 + 2 * 2  # a training and a test line per run
+    labels = [line.get_label() for line in lines if not line.get_label().startswith("_")]
+    assert labels == ["MLP: training", "MLP: test", "SNNK: training", "SNNK: test"]
+    np.testing.assert_array_equal(lines[0].get_xdata(), [1, 2, 3, 4, 5])
+    np.testing.assert_array_equal(lines[1].get_ydata(), runs[0]["test"])
+    assert lines[1].get_linestyle() == "--" and ax.get_yscale() == "log" and ax.get_title() == "losses"
+    (span,) = ax.patches
+    np.testing.assert_allclose(np.atleast_2d(span.get_xy())[0][0], 4.0)  # the last fifth of 5 epochs starts at 4
+    with pytest.raises(ValueError, match="epochs"):
+        plot_seed_losses(ax, [], 0, "t")
+    plt.close(fig)
+
+
 def test_warmup_linear_decay_against_the_closed_form() -> None:
     from nnk_book import warmup_linear_decay
 

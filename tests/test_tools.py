@@ -97,6 +97,19 @@ def test_benchmark_harness_reports_spread_and_machine() -> None:
     assert "2.0 ms (IQR 0.1 ms)" in table and "4.0 ms (IQR 0.2 ms)" in table
 
 
+def test_module_bytes_counts_parameters_and_optionally_buffers() -> None:
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _harness
+
+    module = nn.BatchNorm1d(10)  # 2 x 10 float32 parameters; buffers: 2 x 10 float32 + one int64
+    assert _harness.module_bytes(module, buffers=False) == 2 * 10 * 4
+    assert _harness.module_bytes(module) == 4 * 10 * 4 + 8
+    assert _harness.module_bytes(nn.Linear(3, 2).to(torch.float64)) == (6 + 2) * 8
+
+
 def test_peak_memory_workers_collects_figures_and_survives_a_failed_worker(tmp_path) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import _harness

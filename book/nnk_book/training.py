@@ -34,6 +34,7 @@ __all__ = [
     "encoder_tail",
     "hidden_states",
     "mean_pool",
+    "plot_seed_losses",
     "plot_smoothed",
     "random_batches",
     "smooth",
@@ -177,6 +178,24 @@ def plot_smoothed(ax: Any, values: Sequence[float], width: int, *args: Any, **kw
     step that ends its window; ``args`` and ``kwargs`` go to ``ax.plot``."""
     curve = smooth(values, width)
     return ax.plot(np.arange(len(curve)) + (len(values) - len(curve) + 1), curve, *args, **kwargs)
+
+
+def plot_seed_losses(ax: Any, series: Iterable[tuple[str, Any, Sequence[dict]]], epochs: int, title: str) -> None:
+    """Per-epoch training (solid) and test (dashed) losses of every seed's run on ``ax``.
+
+    ``series``: ``(label, color, runs)`` per model, each run a dict with ``"train"`` and
+    ``"test"`` lists of ``epochs`` losses; only a model's first run is labelled. The last
+    fifth of training, where the convergence criterion looks, is shaded grey; the loss axis
+    is logarithmic (cross-entropy in nats)."""
+    epochs = _positive_int("epochs", epochs)
+    x = np.arange(1, epochs + 1)
+    for label, color, runs in series:
+        for r, run in enumerate(runs):
+            ax.plot(x, run["train"], color=color, lw=1, alpha=0.7, label=f"{label}: training" if r == 0 else None)
+            ax.plot(x, run["test"], color=color, lw=1, ls="--", alpha=0.7, label=f"{label}: test" if r == 0 else None)
+    ax.axvspan(0.8 * epochs, epochs, color="0.9", zorder=0)
+    ax.set(yscale="log", title=title, xlabel="epoch", ylabel="cross-entropy (nats)")
+    ax.legend(ncol=2, fontsize=8)
 
 
 def warmup_linear_decay(steps: int, warmup_fraction: float = 0.06) -> Callable[[int], float]:
