@@ -5,7 +5,7 @@ CHAPTERS ?=
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help book test env lab bench record clean
+.PHONY: help book test env lab bench record clean clean-results
 
 help:  ## list the targets
 	@echo "make book    [PROFILE=ci|full] [CHAPTERS=\"01_ntk ...\"] [ASSETS=cdn]"
@@ -16,14 +16,16 @@ help:  ## list the targets
 	@echo "make record  CHAPTERS=\"02_random_features\" [SET=\"use_real_data=false\"] [NOTE=\"why\"]"
 	@echo "               paper-scale (full) runs of those chapters, recorded in book/runs/ (hours)"
 	@echo "make bench   the speed benchmarks (benchmarks/README.md)"
-	@echo "make clean   remove _build (executed chapters, their cache, the HTML)"
+	@echo "make clean   remove _build (executed chapters, their cache, the HTML), not the result store"
+	@echo "make clean-results  remove the per-configuration result store (_build/results or \$$NN_KERNELS_RESULTS)"
+	@echo "SCHEDULER=tcp://host:8786 (book, record): run the chapters and their configurations on a Dask cluster"
 	@echo "logs: each chapter's cell output streams to _build/executed/<profile>/<chapter>.log"
 
 env:
 	@VENV=$(VENV) bash book/tools/setup_env.sh
 
 book: env
-	$(PY) book/tools/build_book.py --profile $(PROFILE) $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(if $(filter cdn,$(ASSETS)),--cdn)
+	$(PY) book/tools/build_book.py --profile $(PROFILE) $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(if $(filter cdn,$(ASSETS)),--cdn)
 
 # (installs Debian's chromium for the browser checks when it is missing and we are root
 #  on a fresh CI machine; NN_KERNELS_NO_SYSTEM_INSTALL=1 turns that off)
@@ -36,7 +38,7 @@ lab: env
 
 record: env
 	@test -n "$(CHAPTERS)" || { echo "make record needs CHAPTERS=\"...\" (a full run takes hours)"; exit 2; }
-	$(PY) book/tools/run_chapters.py --profile full --out _build/run $(foreach s,$(SET),--set $(s)) $(CHAPTERS)
+	$(PY) book/tools/run_chapters.py --profile full --out _build/run $(foreach s,$(SET),--set $(s)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(CHAPTERS)
 	for c in $(CHAPTERS); do $(PY) book/tools/record_run.py _build/run/full/$$c.ipynb --profile full --note "$(NOTE)" || exit 1; done
 
 # (adds the [bench] extra, the third-party anchors, to .venv: book/tools/setup_env.sh --bench)
@@ -44,5 +46,9 @@ bench: env
 	@VENV=$(VENV) bash book/tools/setup_env.sh --bench
 	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
 
+# The result store (_build/results) may hold hours of record runs: only clean-results removes it.
 clean:
-	rm -rf _build
+	find _build -mindepth 1 -maxdepth 1 ! -name results -exec rm -rf {} + 2>/dev/null || true
+
+clean-results: env
+	$(PY) -m nnk_book.store clean

@@ -9,13 +9,15 @@ and recorded paper-scale runs (:mod:`nnk_book.records`), atomic file writes
 (:mod:`nnk_book.files`), and the fine-tuning plumbing of chapters 6 and 7: the frozen
 encoder's tail from cached attention states, mean pooling, the training loop with its
 warm-up/decay schedule, the convergence criterion and smoothed loss curves
-(:mod:`nnk_book.training`).
+(:mod:`nnk_book.training`), and the per-configuration result store that lets long runs
+resume and spread over a Dask cluster (:mod:`nnk_book.store`, :mod:`nnk_book.cluster`).
 
 This package belongs to the book, not to the method library: ``kernels`` never imports
 it. It is installed with the project (``pip install -e .``), so a notebook needs no
 ``sys.path`` edits.
 """
 
+from nnk_book.store import ResultStore, sweep
 from nnk_book.stats import format_interval, intervals_separate, mean_interval, verdict
 from nnk_book.training import (
     attention_output,
@@ -39,6 +41,7 @@ __all__ = [
     "Choice",
     "FigureLegibilityError",
     "Recorder",
+    "ResultStore",
     "attention_output",
     "bench_results",
     "check_legible",
@@ -63,6 +66,7 @@ __all__ = [
     "recorded_run",
     "show_recorded_run",
     "smooth",
+    "sweep",
     "train_loop",
     "use_book_style",
     "verdict",

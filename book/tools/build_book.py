@@ -96,13 +96,13 @@ def stage(profile: str, chapters: list[str], executed: Path, cdn: bool) -> Path:
 
 def build(profile: str = "ci", chapters: list[str] | None = None, executed: Path | None = None,
           out: Path = ROOT / "_build" / "html", cdn: bool = False, use_cache: bool | None = None,
-          overrides: dict | None = None) -> int:
+          overrides: dict | None = None, scheduler: str | None = None) -> int:
     """Execute (unless ``executed`` is given), stage and build; return the exit status
     (0 = every chapter ran and the book built without warnings)."""
     chapters = chapters or run_chapters.chapter_names()
     if executed is None:
         results = run_chapters.run(chapters, profile, block_network=profile == "ci",
-                                   use_cache=use_cache, overrides=overrides)
+                                   use_cache=use_cache, overrides=overrides, scheduler=scheduler)
         print(run_chapters.format_table(results), flush=True)
         if not all(r.ok for r in results):
             print("build_book: a chapter failed; the book is not built", file=sys.stderr)
@@ -144,10 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cdn", action="store_true",
                     help="load the widget and MathJax scripts from public CDNs instead of "
                          "serving them with the book")
+    ap.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                    help="run the chapters on a Dask cluster (see run_chapters.py --scheduler)")
     args = ap.parse_args(argv)
     try:
         return build(args.profile, args.chapters, args.executed, args.out, args.cdn,
-                     use_cache=args.cache, overrides=run_chapters.parse_overrides(args.overrides))
+                     use_cache=args.cache, overrides=run_chapters.parse_overrides(args.overrides),
+                     scheduler=args.scheduler)
     except run_chapters.Interrupted as stop:
         print(run_chapters.format_table(stop.results), flush=True)
         return 130

@@ -239,6 +239,19 @@ def _current_cell(log: Path) -> int | None:
     return int(found[-1]) if found else None
 
 
+_SWEEP_LINE = re.compile(r"^\[([\w.-]+)\] (\d+ configurations: .*|\d+/\d+ done \(.*\))$", re.M)
+
+
+def _sweep_status(log: Path) -> str:
+    """The last progress line of a :func:`nnk_book.store.sweep` in a chapter's log, or ''
+    (how many configurations of its running experiment are done, stored and left)."""
+    try:
+        found = _SWEEP_LINE.findall(log.read_text(errors="replace"))
+    except OSError:
+        return ""
+    return f"[{found[-1][0]}] {found[-1][1]}" if found else ""
+
+
 def _failed_cell(output: Path) -> str:
     """'cell N: ErrorName: message' for the cell papermill marked as failed, or ''."""
     import nbformat
@@ -327,8 +340,9 @@ def run_one(
                         break
                     if progress and elapsed >= next_report:
                         n = _current_cell(log)
+                        sweep = _sweep_status(log)
                         progress(f"  {chapter}: {elapsed:.0f} s of {budget} s"
-                                 + (f", on cell {n}" if n else ""))
+                                 + (f", on cell {n}" if n else "") + (f"; {sweep}" if sweep else ""))
                         next_report += REPORT_EVERY_S
             finally:
                 _kill_group(proc.pid)  # stray kernel processes, if any
@@ -382,8 +396,13 @@ def run(
     overrides: dict[str, Any] | None = None,
     use_cache: bool | None = None,
     progress: Callable[[str], None] | None = _print,
+    scheduler: str | None = None,
 ) -> list[Result]:
     """Run chapters (in parallel where cores allow) and write ``summary.json``.
+
+    ``scheduler`` (a Dask scheduler address) sends each chapter that is not cached to the
+    cluster as an independent job (:func:`_run_on_cluster`), and lets the chapters send
+    their own configurations there too (``$NN_KERNELS_DASK_SCHEDULER``).
 
     ``overrides`` are parameters injected on top of the profile's, in every chapter run
     (e.g. ``{"use_real_data": False}`` for a full run on a machine without network).
@@ -430,6 +449,14 @@ def run(
             + (f": {r.cell or r.message}" if not r.ok else ""))
         return r
 
+    if scheduler and todo:
+        for c, r in _run_on_cluster(scheduler, todo, profile, specs, out_dir, block_network,
+                                    overrides or {}, say).items():
+            results[c] = r
+        ordered = [results[c] for c in chapters]
+        _write_summary(out_dir, ordered)
+        return ordered
+
     previous = _install_sigterm()
     _LIVE.stop.clear()
     try:
@@ -458,6 +485,84 @@ def run(
     ordered = [results[c] for c in chapters]
     _write_summary(out_dir, ordered)
     return ordered
+
+
+def _run_on_cluster(scheduler: str, todo: list[str], profile: str, specs: dict[str, Any],
+                    out_dir: Path, block_network: bool, overrides: dict[str, Any],
+                    say: Callable[[str], None]) -> dict[str, Result]:
+    """Each chapter of ``todo`` as one Dask task (:func:`nnk_book.cluster.run_chapter_job`).
+
+    The workers run this runner for one chapter each, into the same output folder (a
+    shared file system), and the chapters' own configurations go to the same cluster. A
+    line is printed when a chapter is sent, every ``REPORT_EVERY_S`` while it runs (with
+    the cell it is on, read from its log) and when it ends. Ctrl-C stops every chapter.
+    """
+    from distributed import Client, Event, as_completed
+
+    from nnk_book.cluster import run_chapter_job
+
+    args = [f"--set={k}={json.dumps(v)}" for k, v in overrides.items()]
+    args.append("--block-network" if block_network else "--allow-network")
+    args += [f"--chapters-dir={CHAPTERS}", f"--profiles={PROFILES}"]
+    env = {"NN_KERNELS_DASK_SCHEDULER": scheduler}
+    for var in ("NN_KERNELS_RESULTS", "NN_KERNELS_THREADS"):  # the store, and thread counts
+        if os.environ.get(var):
+            env[var] = os.environ[var]
+    stop_name = f"nnk-stop-{os.getpid()}-{time.monotonic_ns()}"
+    results: dict[str, Result] = {}
+    previous = _install_sigterm()
+    with Client(scheduler) as client:
+        stop = Event(stop_name)
+        futures = {}
+        for c in todo:
+            say(f"[{c}] sent to the cluster at {scheduler} ({profile}, budget "
+                f"{specs[c]['budget_s']} s; log: {out_dir / (c + '.log')})")
+            futures[client.submit(run_chapter_job, str(ROOT), c, profile, str(out_dir.parent),
+                                  args + [f"--summary-json={out_dir / ('.' + c + '.summary.json')}"],
+                                  env, stop_name, pure=False, key=f"chapter-{c}-{stop_name}")] = c
+        started = time.perf_counter()
+        next_report = REPORT_EVERY_S
+        pending = as_completed(futures)
+        try:
+            while len(results) < len(futures):
+                for future in pending.next_batch(block=False) if pending.has_ready() else []:
+                    c = futures[future]
+                    row = future.result()
+                    fields = {f.name for f in dataclasses.fields(Result)}
+                    results[c] = Result(**{k: v for k, v in row.items() if k in fields})
+                    r = results[c]
+                    say(f"[{c}] {r.status} after {r.seconds:.0f} s on {row.get('worker', '?')}"
+                        + (f": {r.cell or r.message}" if not r.ok else ""))
+                if len(results) < len(futures):
+                    time.sleep(0.5)
+                    if time.perf_counter() - started >= next_report:
+                        next_report += REPORT_EVERY_S
+                        for c in todo:
+                            if c not in results:
+                                n = _current_cell(out_dir / f"{c}.log")
+                                sweep = _sweep_status(out_dir / f"{c}.log")
+                                say(f"  {c}: {time.perf_counter() - started:.0f} s on the cluster"
+                                    + (f", on cell {n}" if n else "") + (f"; {sweep}" if sweep else ""))
+        except KeyboardInterrupt:
+            stop.set()
+            for future, c in futures.items():
+                if c in results:
+                    continue
+                try:
+                    row = future.result(timeout=30)
+                    fields = {f.name for f in dataclasses.fields(Result)}
+                    results[c] = Result(**{k: v for k, v in row.items() if k in fields})
+                except Exception:  # noqa: BLE001 - not started, or gone: it did not finish
+                    future.cancel()
+                    results[c] = Result(c, profile, 0.0, "interrupted", 1,
+                                        str(out_dir / f"{c}.ipynb"), "stopped by Ctrl-C / SIGTERM")
+            ordered = [results[c] for c in todo]
+            _write_summary(out_dir, ordered)
+            say("interrupted: " + ", ".join(f"{r.chapter} (at {r.cell or 'its start'})" for r in ordered))
+            raise Interrupted(ordered) from None
+        finally:
+            _restore_sigterm(previous)
+    return results
 
 
 def _write_summary(out_dir: Path, results: list[Result]) -> None:
@@ -526,15 +631,29 @@ def main(argv: list[str] | None = None) -> int:
                      help="refuse non-loopback connections (the default for the ci profile)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                     help="inject a parameter on top of the profile's (VALUE is read as YAML); repeatable")
+    ap.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                    help="a Dask scheduler (tcp://host:8786): each chapter runs as a job on its "
+                         "workers, and the chapters' configurations too (README: On a cluster)")
+    ap.add_argument("--summary-json", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--chapters-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--profiles", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global CHAPTERS, PROFILES
+    if args.chapters_dir is not None:  # a cluster job runs the submitter's files
+        CHAPTERS = args.chapters_dir.resolve()
+    if args.profiles is not None:
+        PROFILES = args.profiles.resolve()
     block = (args.profile == "ci") if args.block is None else args.block
     try:
         results = run(args.chapters or chapter_names(), args.profile, args.out, args.jobs,
                       block_network=block, overrides=parse_overrides(args.overrides),
-                      use_cache=args.cache)
+                      use_cache=args.cache, scheduler=args.scheduler)
     except Interrupted as stop:
         print(format_table(stop.results), flush=True)
         return 130
+    if args.summary_json is not None:  # one chapter's own row, for nnk_book.cluster
+        atomic_write_text(args.summary_json,
+                          json.dumps([dataclasses.asdict(r) for r in results], indent=2))
     print(format_table(results))
     return 0 if all(r.ok for r in results) else 1
 
