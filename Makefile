@@ -2,19 +2,20 @@
 # first (book/tools/setup_env.sh: a no-op when it is up to date). `make help` lists them.
 PROFILE ?= ci
 CHAPTERS ?=
+RECORD_PROFILE ?= record
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
 .PHONY: help book test env lab bench record clean clean-results
 
 help:  ## list the targets
-	@echo "make book    [PROFILE=ci|full] [CHAPTERS=\"01_ntk ...\"] [ASSETS=cdn]"
+	@echo "make book    [PROFILE=ci|record|paper] [CHAPTERS=\"01_ntk ...\"] [ASSETS=cdn]"
 	@echo "               run the chapters (unchanged ones are reused) and build _build/html"
 	@echo "make test    every test: package, chapters (ci profile), book, browser"
 	@echo "make lab     JupyterLab in .venv with chapters/ open (run a chapter as a reader would)"
 	@echo "make env     only create/update .venv from constraints.txt"
-	@echo "make record  CHAPTERS=\"02_random_features\" [SET=\"use_real_data=false\"] [NOTE=\"why\"]"
-	@echo "               paper-scale (full) runs of those chapters, recorded in book/runs/ (hours)"
+	@echo "make record  CHAPTERS=\"02_random_features\" [RECORD_PROFILE=record|paper] [SET=\"use_real_data=false\"] [NOTE=\"why\"]"
+	@echo "               record-scale runs (about 90 min each) of those chapters, in book/runs/<chapter>.<profile>.json"
 	@echo "make bench   the speed benchmarks (benchmarks/README.md)"
 	@echo "make clean   remove _build (executed chapters, their cache, the HTML), not the result store"
 	@echo "make clean-results  remove the per-configuration result store (_build/results or \$$NN_KERNELS_RESULTS)"
@@ -37,9 +38,9 @@ lab: env
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters
 
 record: env
-	@test -n "$(CHAPTERS)" || { echo "make record needs CHAPTERS=\"...\" (a full run takes hours)"; exit 2; }
-	$(PY) book/tools/run_chapters.py --profile full --out _build/run $(foreach s,$(SET),--set $(s)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(CHAPTERS)
-	for c in $(CHAPTERS); do $(PY) book/tools/record_run.py _build/run/full/$$c.ipynb --profile full --note "$(NOTE)" || exit 1; done
+	@test -n "$(CHAPTERS)" || { echo "make record needs CHAPTERS=\"...\" (a record run takes up to 90 min per chapter)"; exit 2; }
+	$(PY) book/tools/run_chapters.py --profile $(RECORD_PROFILE) --out _build/run $(foreach s,$(SET),--set $(s)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(CHAPTERS)
+	for c in $(CHAPTERS); do $(PY) book/tools/record_run.py _build/run/$(RECORD_PROFILE)/$$c.ipynb --profile $(RECORD_PROFILE) --note "$(NOTE)" || exit 1; done
 
 # (adds the [bench] extra, the third-party anchors, to .venv: book/tools/setup_env.sh --bench)
 bench: env

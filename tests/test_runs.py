@@ -4,7 +4,8 @@ A paper-scale run takes too long for CI, so its results are recorded once and sh
 chapter beside its own run. These tests keep the records honest: each names an existing
 chapter and profile, holds only results the chapter still records (a renamed result
 would otherwise vanish from the chapter's table without notice), and meets the claims
-that ``tests/expected/<chapter>.yaml`` makes for that profile (section ``full_checks``).
+that ``tests/expected/<chapter>.yaml`` makes for that profile (section ``<profile>_checks``:
+``record_checks``, ``paper_checks``, or ``full_checks`` for the older profile's records).
 The recorder itself is tested on a synthetic executed notebook.
 """
 
@@ -48,7 +49,8 @@ def test_record_is_well_formed(path: Path) -> None:
     assert path.name == f"{data['chapter']}.{data['profile']}.json"
     assert (ROOT / "chapters" / f"{data['chapter']}.ipynb").exists()
     profiles = yaml.safe_load((ROOT / "book" / "profiles.yaml").read_text())
-    assert data["profile"] in profiles
+    # ``full`` preceded ``record`` and ``paper`` (issue 29); its records stay readable.
+    assert data["profile"] in profiles or data["profile"] == "full"
     patterns = recorded_name_patterns(data["chapter"])
     stale = [name for name in data["values"] if not any(p.fullmatch(name) for p in patterns)]
     assert not stale, f"{path.name} holds results the chapter no longer records: {stale}"

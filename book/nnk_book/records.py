@@ -89,6 +89,19 @@ def recorded_run(chapter: str, profile: str = "full") -> dict[str, Any] | None:
     return data
 
 
+#: Recorded scales, largest first: ``paper`` (the papers' settings), ``record`` (the largest
+#: that fit about 90 min on two cores) and ``full`` (the profile these two replaced).
+RECORD_PROFILES = ("paper", "record", "full")
+
+
+def largest_recorded_run(chapter: str) -> dict[str, Any] | None:
+    """The chapter's record at the largest scale that has one, preferring a current record
+    (:func:`recorded_run`); ``None`` when the chapter has no record."""
+    found = [r for r in (recorded_run(chapter, p) for p in RECORD_PROFILES) if r is not None]
+    current = [r for r in found if r["current"]]
+    return (current or found or [None])[0]
+
+
 def _show(value: Any, spec: str) -> str:
     return "—" if value is None else value if isinstance(value, str) else spec.format(value)
 
@@ -111,12 +124,16 @@ def show_recorded_run(chapter: str, prefix: str, rows: Sequence[tuple[str, str, 
     ``<prefix>_full_<name without prefix>`` ("n/a" when there is no record) plus
     ``<prefix>_full_recorded``, ``_minutes``, ``_threads`` and ``_current`` for the
     prose. ``record`` is the chapter's :class:`~nnk_book.Recorder`. Returns the record.
+    With ``profile="full"`` (the chapters' default) the largest recorded scale is shown
+    (:func:`largest_recorded_run`: ``paper``, then ``record``, then the older ``full``).
     """
     from IPython.display import display
 
     from nnk_book.results import html_table
 
-    data = recorded_run(chapter, profile)
+    data = largest_recorded_run(chapter) if profile == "full" else recorded_run(chapter, profile)
+    if data is not None:
+        profile = data.get("profile", profile)
     values = (data or {}).get("values", {})
     if data is None:
         print(f"book/runs/{chapter}.{profile}.json is missing: run `make record CHAPTERS={chapter}` "

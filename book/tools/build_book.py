@@ -17,7 +17,6 @@ The build runs with ``-W -n --keep-going``: any warning fails it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_chapters  # noqa: E402
+import scorecard_page  # noqa: E402
 import vendor_assets  # noqa: E402
 
 ROOT = run_chapters.ROOT
@@ -50,20 +50,6 @@ def _filter_toc(toc: dict, keep: set[str]) -> dict:
     return toc
 
 
-def _summary_table(executed: Path) -> str:
-    summary = executed / "summary.json"
-    if not summary.exists():
-        return ""
-    rows = json.loads(summary.read_text())
-    lines = ["", "## Headless run used for this build", "",
-             "These pages were rendered from notebooks executed by "
-             "`book/tools/run_chapters.py`:", "",
-             "| chapter | profile | seconds | threads | status |", "|---|---|---|---|---|"]
-    lines += [f"| {r['chapter']} | {r['profile']} | {r['seconds']:.1f} | {r['threads']} "
-              f"| {r['status']} |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def stage(profile: str, chapters: list[str], executed: Path, cdn: bool) -> Path:
     """Write the staged book and return its folder."""
     dest = STAGE_ROOT / profile
@@ -81,10 +67,8 @@ def stage(profile: str, chapters: list[str], executed: Path, cdn: bool) -> Path:
         if not src.exists():
             raise SystemExit(f"--executed {executed}: {src.name} is missing")
         shutil.copy2(src, dest / "chapters" / src.name)
-    extra = _summary_table(executed)
-    if extra:
-        status = dest / "book" / "execution_status.md"
-        status.write_text(status.read_text() + extra)
+    # The Reference pages that come from the runs: "Reproduction scorecard" and "Execution status".
+    scorecard_page.write_pages(dest / "book", executed, chapters)
     if cdn:
         config["sphinx"]["config"]["nb_ipywidgets_js"] = CDN_WIDGETS
         config["sphinx"]["config"]["mathjax_path"] = CDN_MATHJAX

@@ -1,9 +1,10 @@
 """Record the results of an executed chapter so that the book can show them later.
 
-    python book/tools/record_run.py _build/run/full/02_random_features.ipynb --profile full \\
+    python book/tools/record_run.py _build/run/record/02_random_features.ipynb --profile record \\
         --note "use_real_data = False: the machine had no network for MNIST"
 
-A paper-scale (``full``) run of a chapter can take an hour on a laptop CPU, too long to
+A ``record`` run of a chapter (the largest settings that fit about 90 minutes on two
+cores) or a ``paper`` run (the paper's settings) takes too long to
 repeat on every book build. This script reads the values the executed notebook glued
 (``myst_nb.glue``), the parameters papermill injected and the run time, adds the date,
 the commit, the machine and a free-text note, and writes them to
@@ -11,7 +12,8 @@ the commit, the machine and a free-text note, and writes them to
 record intact). Each chapter reads its file (when present) in its
 section "At paper scale" and prints the recorded numbers beside its own run's;
 ``tests/test_runs.py`` checks the recorded numbers against the claims in
-``tests/expected/<chapter>.yaml`` (section ``full_checks``).
+``tests/expected/<chapter>.yaml`` (section ``<profile>_checks``), and the page
+"Reproduction scorecard" shows them against the papers' claims (``book/claims.yaml``).
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ def record(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("executed", type=Path, help="executed notebook (papermill output)")
-    parser.add_argument("--profile", default="full", help="profile the notebook ran under (default: full)")
+    parser.add_argument("--profile", default="record", choices=["record", "paper"],
+                        help="profile the notebook ran under (default: record)")
     parser.add_argument("--note", default="", help="how the run departed from the profile, and why")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads the run used (default: from run_chapters.py's summary.json, "

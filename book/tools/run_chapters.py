@@ -1,9 +1,9 @@
 """Execute chapters headless with papermill under a named profile; reuse unchanged ones.
 
     python book/tools/run_chapters.py                      # every chapter, ci profile
-    python book/tools/run_chapters.py --profile full 01_ntk
+    python book/tools/run_chapters.py --profile record 01_ntk
     python book/tools/run_chapters.py --jobs 1 --out /tmp/run
-    python book/tools/run_chapters.py --profile full --set use_real_data=false 02_random_features
+    python book/tools/run_chapters.py --profile paper --set use_real_data=false 02_random_features
     python book/tools/run_chapters.py --no-cache 03_bundling
 
 This is the book's one execution path: ``make book`` and ``make test`` both run the
@@ -11,8 +11,8 @@ chapters through it and build the HTML from the notebooks it wrote.
 
 Each notebook in ``chapters/`` runs in its own papermill process with the parameters
 of ``book/profiles.yaml`` injected after its ``parameters`` cell (the ``ci`` profile sets
-little or nothing, since the notebooks' own values are the teaching scale; ``full`` sets
-the paper-scale values), a wall-clock budget (``budget_s``; the process group is killed
+little or nothing, since the notebooks' own values are the teaching scale; ``record`` the
+largest settings that fit about 90 min per chapter; ``paper`` the papers' settings), a wall-clock budget (``budget_s``; the process group is killed
 when it runs over), network access blocked in ``ci`` (``netguard/sitecustomize.py``) and
 ``OMP_NUM_THREADS`` set so that parallel jobs share the cores (``NN_KERNELS_THREADS=1``
 forces one thread per chapter). Executed copies go to ``<out>/<profile>/<chapter>.ipynb``,
@@ -65,6 +65,8 @@ SOURCE_DIRS = (ROOT / "kernels", ROOT / "data_scripts", ROOT / "book" / "nnk_boo
 SOURCE_FILES = (ROOT / "constraints.txt", ROOT / "pyproject.toml")
 SOURCE_SUFFIXES = {".py", ".cpp", ".h", ".cu"}
 REPORT_EVERY_S = 30.0
+# ``full`` was renamed ``paper`` (issue 29: ci, record, paper); the old name still works.
+PROFILE_ALIASES = {"full": "paper"}
 _CELL_LINE = re.compile(r"Executing Cell (\d+)")
 
 
@@ -92,6 +94,7 @@ def chapter_names() -> list[str]:
 def load_profile(profile: str) -> dict[str, dict[str, Any]]:
     """Return ``{chapter: {"budget_s": int, "parameters": dict}}`` for a profile."""
     data = yaml.safe_load(PROFILES.read_text()) or {}
+    profile = PROFILE_ALIASES.get(profile, profile)
     if profile not in data:
         raise SystemExit(f"unknown profile {profile!r}; {PROFILES.name} defines {sorted(data)}")
     section = data[profile] or {}
@@ -412,6 +415,7 @@ def run(
     every running chapter.
     """
     say = progress or (lambda line: None)
+    profile = PROFILE_ALIASES.get(profile, profile)
     specs = load_profile(profile)
     for spec in specs.values():
         spec["parameters"].update(overrides or {})
@@ -619,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("chapters", nargs="*", help="chapter stems (default: all)")
-    ap.add_argument("--profile", default="ci", help="profile in book/profiles.yaml (ci, full)")
+    ap.add_argument("--profile", default="ci", help="profile in book/profiles.yaml (ci, record, paper)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder")
     ap.add_argument("--jobs", type=int, default=None, help="parallel notebooks (default: cores)")
     ap.add_argument("--no-cache", dest="cache", action="store_false", default=None,

@@ -1,0 +1,279 @@
+"""The reproduction scorecard (issue 29): the claims list, the status logic, and the page
+against the executed chapters and the recorded runs.
+
+``book/claims.yaml`` is the one list of the papers' claims; ``nnk_book.scorecard`` computes
+each status from its tolerance; ``book/tools/scorecard_page.py`` writes the page at build
+time. The status logic is checked on hand-made claims (every rule and every status), the
+list against the chapters (every name it reads is glued, every section exists), and the
+page against the executed notebooks: each claim's row shows the value the chapter glued
+and the status that value gives, a claim without a measurement says "not yet run".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+import scorecard_page
+from glued import read_glued
+from nnk_book import scorecard as sc
+from test_chapters import load_expected
+from test_runs import recorded_name_patterns
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted(p.stem for p in (ROOT / "chapters").glob("*.ipynb"))
+
+
+def _claim(**kw):
+    base = {"id": "c", "paper": "p", "where": "Table 1", "statement": "s", "paper_value": 2.0,
+            "setting": "x", "chapter": "01_ntk", "section": "sec", "measure": "m",
+            "tolerance": {"relative": 0.1}}
+    base.update(kw)
+    return base
+
+
+# --------------------------------------------------------------------------- the rules
+@pytest.mark.parametrize("tolerance, paper, value, expected", [
+    ({"relative": 0.1}, 2.0, 2.19, True), ({"relative": 0.1}, 2.0, 2.21, False),
+    ({"relative": 0.1}, -0.5, -0.54, True), ({"relative": 0.1}, -0.5, 0.5, False),
+    ({"absolute": 0.1}, -0.5, -0.41, True), ({"absolute": 0.1}, -0.5, -0.39, False),
+    ({"min": 1.0}, None, 1.0, True), ({"min": 1.0}, None, 0.99, False),
+    ({"max": 0.03}, 0.0, 0.031, False), ({"min": 0, "max": 1}, None, 0.5, True),
+    ({"equals": True}, None, True, True), ({"equals": True}, None, False, False),
+    ({"equals": "tied"}, None, "tied", True), ({"equals": "ahead"}, None, "tied", False),
+    ({"equals": 1}, 1, 1.0, True), ({"equals": 1}, 1, 4, False),
+])
+def test_meets_each_rule(tolerance, paper, value, expected) -> None:
+    claim = _claim(tolerance=tolerance, paper_value=paper if paper is not None else 1.0)
+    assert sc.meets(value, claim) is expected
+    # the independent reading of each rule
+    if "relative" in tolerance:
+        assert expected == (abs(value - paper) <= tolerance["relative"] * abs(paper))
+
+
+@pytest.mark.parametrize("value", [None, "n/a", float("nan"), "inf", float("inf")])
+def test_meets_without_a_usable_value_is_none(value) -> None:
+    assert sc.meets(value, _claim()) is None
+    assert sc.meets(value, _claim(tolerance={"equals": True})) is None
+
+
+def test_meets_a_number_rule_with_a_word_is_none() -> None:
+    assert sc.meets("tied", _claim(tolerance={"min": 1})) is None
+
+
+def _scales(teaching=None, record=None, paper=None, record_current=True):
+    out = []
+    if teaching is not None:
+        out.append(sc.Scale("teaching", {"m": teaching}))
+    if record is not None:
+        out.append(sc.Scale("record", {"m": record}, date="2026-11-28", current=record_current))
+    if paper is not None:
+        out.append(sc.Scale("paper", {"m": paper}, date="2026-11-28"))
+    return out
+
+
+def test_every_status() -> None:
+    c = _claim()
+    assert sc.claim_status(c, _scales()).status == sc.NOT_RUN
+    assert sc.claim_status(c, _scales(teaching="n/a")).status == sc.NOT_RUN
+    assert sc.claim_status(_claim(measure=None), _scales(teaching=2.0)).status == sc.NOT_RUN
+    assert sc.claim_status(c, _scales(teaching=2.0)).status == sc.SMALLER
+    assert sc.claim_status(_claim(exact=True), _scales(teaching=2.0)).status == sc.REPRODUCED
+    assert sc.claim_status(c, _scales(teaching=1.0, paper=2.05)).status == sc.REPRODUCED
+    assert sc.claim_status(c, _scales(teaching=1.0)).status == sc.UNEXPLAINED
+    explained = _claim(differs={"section": "s", "why": "w"})
+    assert sc.claim_status(explained, _scales(teaching=1.0)).status == sc.DIFFERS
+    # the largest current scale decides; a stale record is shown but does not count
+    r = sc.claim_status(c, _scales(teaching=1.0, record=2.0))
+    assert (r.status, r.decided_by, r.trend) == (sc.SMALLER, "record", "toward")
+    r = sc.claim_status(c, _scales(teaching=2.0, record=5.0))
+    assert (r.status, r.trend) == (sc.UNEXPLAINED, "away from")
+    r = sc.claim_status(c, _scales(teaching=1.0, record=2.0, record_current=False))
+    assert (r.status, r.decided_by, r.trend) == (sc.UNEXPLAINED, "teaching", None)
+    assert [m.value for m in r.measurements] == [1.0, 2.0]
+    r = sc.claim_status(_claim(tolerance={"equals": True}), [
+        sc.Scale("teaching", {"m": False}), sc.Scale("record", {"m": True})])
+    assert (r.status, r.trend) == (sc.SMALLER, "toward")
+
+
+def test_interval_is_read_beside_the_value() -> None:
+    r = sc.claim_status(_claim(interval="m_hw"), [sc.Scale("teaching", {"m": 2.0, "m_hw": 0.1})])
+    assert r.measurements[0].interval == pytest.approx(0.1)
+
+
+def test_unknown_scale_is_refused() -> None:
+    with pytest.raises(ValueError, match="scales"):
+        sc.claim_status(_claim(), [sc.Scale("huge", {"m": 1.0})])
+
+
+def test_ratio_or_difference() -> None:
+    assert sc.ratio_to_paper(3.0, _claim()) == ("ratio", 1.5)
+    assert sc.ratio_to_paper(0.1, _claim(paper_value=0.0, tolerance={"absolute": 1})) == ("difference", 0.1)
+    assert sc.ratio_to_paper(-1.0, _claim()) == ("difference", -3.0)
+    assert sc.ratio_to_paper(True, _claim(tolerance={"equals": True})) is None
+    assert sc.ratio_to_paper(None, _claim()) is None
+
+
+def test_counts_cover_every_status() -> None:
+    results = [sc.claim_status(_claim(), _scales(teaching=v)) for v in (2.0, 1.0, None)]
+    counts = sc.count_statuses(results)
+    assert list(counts) == list(sc.STATUSES) and sum(counts.values()) == 3
+    assert counts[sc.SMALLER] == counts[sc.UNEXPLAINED] == counts[sc.NOT_RUN] == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tolerance": {"near": 1}}, "tolerance"),
+    ({"tolerance": {"relative": 0.1}, "paper_value": 0}, "non-zero"),
+    ({"tolerance": {"absolute": 0.1}, "paper_value": None, "paper_text": "x"}, "numeric paper_value"),
+    ({"paper": "nope"}, "paper 'nope'"),
+    ({"paper_value": None, "tolerance": {"min": 1}}, "paper_text"),
+    ({"differs": {"section": "s"}}, "differs"),
+])
+def test_validate_names_the_problem(change, message) -> None:
+    claim = _claim(**change)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sc.validate_claims({"papers": {"p": {}}, "claims": [claim]})
+
+
+def test_validate_refuses_missing_fields_duplicates_and_unglued_names() -> None:
+    claim = _claim()
+    del claim["setting"]
+    with pytest.raises(ValueError, match="setting"):
+        sc.validate_claims({"papers": {"p": {}}, "claims": [claim]})
+    with pytest.raises(ValueError, match="duplicate"):
+        sc.validate_claims({"papers": {"p": {}}, "claims": [_claim(), _claim()]})
+    with pytest.raises(ValueError, match="measure 'm' is not glued by 01_ntk"):
+        sc.validate_claims({"papers": {"p": {}}, "claims": [_claim()]}, {"01_ntk": ["x"]})
+
+
+# --------------------------------------------------------------------------- the list
+CLAIMS = yaml.safe_load(sc.CLAIMS.read_text())
+
+
+def _glued_names(chapter: str) -> set[str]:
+    """Names the chapter glues: its record(...) calls (f-strings expanded against the names
+    that tests/expected lists), plus the expected file's names."""
+    expected = load_expected(chapter)
+    listed = {name for section, body in expected.items() if section.endswith("checks")
+              for name in (body or {})}
+    patterns = recorded_name_patterns(chapter)
+    candidates = listed | {c.get(k) for c in CLAIMS["claims"] if c["chapter"] == chapter
+                           for k in ("measure", "interval", "seeds", "steps")} - {None}
+    return {name for name in candidates if any(p.fullmatch(name) for p in patterns)}
+
+
+def test_claims_list_is_valid_and_every_name_is_glued() -> None:
+    claims = sc.validate_claims(CLAIMS, {c: _glued_names(c) for c in CHAPTERS})
+    assert len(claims) >= 30 + 5, "issue 29: at least the review's 30 claims plus the NTK slides'"
+    for key in CLAIMS["papers"]:
+        assert sum(c["paper"] == key for c in claims) >= 5, f"{key}: fewer than 5 headline claims"
+
+
+def test_every_section_exists() -> None:
+    for claim in CLAIMS["claims"]:
+        nb = nbformat.read(str(ROOT / "chapters" / f"{claim['chapter']}.ipynb"), as_version=4)
+        text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        for section in [claim["section"]] + ([claim["differs"]["section"]] if claim.get("differs") else []):
+            if scorecard_page.LABEL.match(section):
+                assert f"({section})=" in text, f"{claim['id']}: no label ({section})= in {claim['chapter']}"
+            else:
+                assert re.search(r"^#+ " + re.escape(section) + r"\s*$", text, re.M), (
+                    f"{claim['id']}: no heading '{section}' in {claim['chapter']}")
+
+
+def test_paper_profile_says_what_cannot_run_on_a_cpu() -> None:
+    paper = yaml.safe_load((ROOT / "book" / "profiles.yaml").read_text())["paper"]
+    for chapter in ("05_lookupffn", "06_mlp_fusion"):
+        assert paper[chapter].get("not_on_cpu"), f"{chapter}: the paper's setting does not run on a CPU; say so"
+
+
+# --------------------------------------------------------------------------- the page
+def check_page(executed: Path, out: Path, chapters: list[str]) -> list[str]:
+    """Generate the pages from ``executed`` into ``out``; return every disagreement between
+    the scorecard and the executed notebooks (teaching values and statuses)."""
+    results = scorecard_page.write_pages(out, executed, chapters)
+    page = (out / "scorecard.md").read_text()
+    rows = {m.group(1): line for line in page.splitlines()
+            for m in [re.search(r'<span id="claim-([\w-]+)"></span>', line)] if m}
+    problems = []
+    glued = {c: read_glued(executed / f"{c}.ipynb") for c in chapters if (executed / f"{c}.ipynb").exists()}
+    for r in results:
+        claim = r.claim
+        row = rows.get(claim["id"])
+        if row is None:
+            problems.append(f"{claim['id']}: no row on the page")
+            continue
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+        status = re.search(r"\*\*(.+?)\*\*", cells[5]).group(1)
+        if status not in sc.STATUSES:
+            problems.append(f"{claim['id']}: unknown status {status!r}")
+        if claim["chapter"] not in glued:
+            continue
+        value = glued[claim["chapter"]].get(claim["measure"]) if claim["measure"] else None
+        if claim["measure"] and value is None:
+            problems.append(f"{claim['id']}: {claim['chapter']} did not glue {claim['measure']}")
+        if value is None:
+            if status != sc.NOT_RUN and r.decided_by in (None, "teaching"):
+                problems.append(f"{claim['id']}: no measurement, but the page says {status!r}")
+            continue
+        if not cells[2].startswith(sc.format_value(value)):
+            problems.append(f"{claim['id']}: page shows {cells[2]!r}, the run glued {value!r}")
+        if r.decided_by == "teaching":  # an independent reading of the rule at teaching scale
+            tol, paper = claim["tolerance"], claim["paper_value"]
+            if "equals" in tol:
+                met = value == tol["equals"]
+            elif "absolute" in tol:
+                met = abs(value - paper) <= tol["absolute"]
+            elif "relative" in tol:
+                met = abs(value - paper) <= tol["relative"] * abs(paper)
+            else:
+                met = tol.get("min", -math.inf) <= value <= tol.get("max", math.inf)
+            want = ((sc.REPRODUCED if claim.get("exact") else sc.SMALLER) if met
+                    else sc.DIFFERS if claim.get("differs") else sc.UNEXPLAINED)
+            if status != want:
+                problems.append(f"{claim['id']}: page says {status!r}, the run gives {want!r}")
+    return problems
+
+
+def test_page_without_runs_says_not_yet_run(tmp_path: Path) -> None:
+    results = scorecard_page.write_pages(tmp_path, None, CHAPTERS)
+    page = (tmp_path / "scorecard.md").read_text()
+    assert page.count('<span id="claim-') == len(CLAIMS["claims"])
+    for r in results:
+        if r.status != sc.NOT_RUN:  # only a current record can decide without a teaching run
+            assert r.decided_by in ("record", "paper", "full"), r.claim["id"]
+    assert "No runner summary" in (tmp_path / "execution_status.md").read_text()
+
+
+def test_execution_status_says_what_was_reused(tmp_path: Path) -> None:
+    executed = tmp_path / "ci"
+    executed.mkdir()
+    (executed / "summary.json").write_text(json.dumps([
+        {"chapter": "01_ntk", "profile": "ci", "seconds": 70.0, "threads": 1, "status": "cached"},
+        {"chapter": "02_random_features", "profile": "ci", "seconds": 80.0, "threads": 1, "status": "ok"}]))
+    (executed / "01_ntk.key").write_text(json.dumps({"key": "k", "date": "2026-11-27 10:00:00"}))
+    (executed / "02_random_features.key").write_text(json.dumps({"key": "k", "date": "2026-11-28 06:00:00"}))
+    text = scorecard_page.execution_markdown(executed)
+    assert "reused from the cache; ran 2026-11-27 10:00:00" in text
+    assert "executed for this build, 2026-11-28 06:00:00" in text
+    assert "nb-exec-table" not in text
+
+
+@pytest.mark.slow
+def test_page_agrees_with_the_executed_chapters(executed_chapters, executed_dir, tmp_path: Path) -> None:
+    ran = [c for c, r in executed_chapters.items() if r.ok]
+    assert ran, "no chapter executed"
+    problems = check_page(executed_dir, tmp_path, ran)
+    assert not problems, "\n".join(problems)
+    staged = scorecard_page.ROOT / "_build" / "stage" / "ci" / "book" / "scorecard.md"
+    import run_chapters
+
+    if staged.exists() and set(ran) == set(CHAPTERS) and executed_dir == run_chapters.DEFAULT_OUT / "ci":
+        assert staged.read_text() == (tmp_path / "scorecard.md").read_text(), (
+            "the built book's scorecard differs from the executed chapters and records: rebuild it")
