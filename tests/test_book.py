@@ -38,7 +38,7 @@ def book_html(executed_chapters, executed_dir) -> Path:
 
 
 def test_every_page_is_built(book_html: Path) -> None:
-    for page in ("book/intro.html", "book/bibliography.html", "book/execution_status.html",
+    for page in ("book/intro.html", "book/bibliography.html", "book/execution_status.html", "book/scorecard.html",
                  *(f"chapters/{c}.html" for c in run_chapters.chapter_names())):
         assert (book_html / page).exists(), f"{page} was not built"
     status = (book_html / "book" / "execution_status.html").read_text()
@@ -78,7 +78,7 @@ def test_no_link_leads_nowhere(book_html: Path) -> None:
 
 needs_chromium = pytest.mark.skipif(
     chromium() is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
-PAGES = ["book/intro.html", "book/bibliography.html", "book/execution_status.html",
+PAGES = ["book/intro.html", "book/bibliography.html", "book/execution_status.html", "book/scorecard.html",
          *(f"chapters/{c}.html" for c in run_chapters.chapter_names())]
 # A figure's smallest text is MIN_FONT_PT at DPI (nnk_book.figures); shown at `scale` times
 # its natural size it must stay at least 9 CSS px high.

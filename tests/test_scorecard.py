@@ -295,3 +295,29 @@ def test_chapters_show_their_largest_current_record(monkeypatch) -> None:
     assert records.largest_recorded_run("01_ntk")["profile"] == "record"
     found["paper"]["current"] = True
     assert records.largest_recorded_run("01_ntk")["profile"] == "paper"
+
+
+def _executed_chapter(folder: Path, chapter: str, values: dict) -> None:
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("")
+    cell.outputs = [nbformat.v4.new_output(
+        "display_data", data={"application/papermill.record/text/plain": repr(v)},
+        metadata={"scrapbook": {"name": k, "mime_prefix": "application/papermill.record/"}})
+        for k, v in values.items()]
+    nb.cells = [cell]
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(folder / f"{chapter}.ipynb"))
+
+
+def test_check_page_catches_a_missing_measurement(tmp_path: Path) -> None:
+    """The check behind test_page_agrees_with_the_executed_chapters fails when a chapter no
+    longer glues a claim's measure, and agrees when the values are there."""
+    claims = [c for c in CLAIMS["claims"] if c["chapter"] == "03_bundling"]
+    values = {c["measure"]: c["paper_value"] if c["paper_value"] is not None else c["tolerance"].get("equals", 1e3)
+              for c in claims if c["measure"]}
+    _executed_chapter(tmp_path / "ci", "03_bundling", values)
+    assert check_page(tmp_path / "ci", tmp_path / "page", ["03_bundling"]) == []
+    del values["bnd_t6_bert_gmacs_full"]
+    _executed_chapter(tmp_path / "ci", "03_bundling", values)
+    problems = check_page(tmp_path / "ci", tmp_path / "page", ["03_bundling"])
+    assert problems == ["bnd-t6-macs: 03_bundling did not glue bnd_t6_bert_gmacs_full"]

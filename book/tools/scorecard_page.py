@@ -219,7 +219,8 @@ def scorecard_markdown(data: Mapping[str, Any], results: Sequence[sc.ClaimResult
             note = (paper_profile.get(chapter) or {}).get("not_on_cpu")
             if note:
                 out += ["", f"The `paper` profile of `{chapter}` on a CPU: {note}"]
-        out += ["", "| claim | paper | ours, teaching scale | ours, largest recorded scale | tolerance | status | section |",
+        out += ["", f"```{{table}} The claims of {paper['title']}", ":class: nnk-scorecard", "",
+                "| claim | paper | ours, teaching scale | ours, largest recorded scale | tolerance | status | section |",
                 "|---|---|---|---|---|---|---|"]
         for r in mine:
             c = r.claim
@@ -239,6 +240,7 @@ def scorecard_markdown(data: Mapping[str, Any], results: Sequence[sc.ClaimResult
                 _cell(ours), _cell(_record_cell(r)), _cell(sc.format_tolerance(c)),
                 _status_cell(r, chapters, labels),
                 _section_link(c["chapter"], c["section"], chapters, labels)]) + " |")
+        out.append("```")
     return "\n".join(out) + "\n"
 
 
@@ -267,7 +269,7 @@ def execution_markdown(executed: Path | None) -> str:
         status = r["status"]
         run = f"reused from the cache; ran {when}" if status == "cached" else f"executed for this build, {when}"
         if status not in ("ok", "cached"):
-            run = f"failed{': cell ' + str(r.get('cell')) if r.get('cell') else ''}"
+            run = f"failed{' (' + str(r.get('cell')) + ')' if r.get('cell') else ''}"
         out.append(f"| {r['chapter']} | {r['profile']} | {status} | {run} | {r['seconds']:.1f} | {r['threads']} |")
     return "\n".join(out) + "\n"
 
@@ -275,6 +277,7 @@ def execution_markdown(executed: Path | None) -> str:
 def write_pages(book_dir: Path, executed: Path | None, chapters: Sequence[str]) -> list[sc.ClaimResult]:
     """Write ``scorecard.md`` (+ its figure) and ``execution_status.md`` into ``book_dir``."""
     data, results = compute(executed, chapters)
+    book_dir.mkdir(parents=True, exist_ok=True)
     figure = draw_figure(results, book_dir / FIGURE)
     atomic_write_text(book_dir / "scorecard.md", scorecard_markdown(data, results, chapters, figure))
     atomic_write_text(book_dir / "execution_status.md", execution_markdown(executed))
