@@ -1,7 +1,7 @@
 """Build the HTML book from the chapters as the runner executed them.
 
     python book/tools/build_book.py                    # ci profile -> _build/html
-    python book/tools/build_book.py --profile full     # paper-scale settings (hours)
+    python book/tools/build_book.py --profile record   # the record scale (~90 min per chapter)
     python book/tools/build_book.py --chapters 01_ntk  # a subset
     python book/tools/build_book.py --executed DIR     # notebooks executed elsewhere
 
@@ -83,6 +83,7 @@ def build(profile: str = "ci", chapters: list[str] | None = None, executed: Path
           overrides: dict | None = None, scheduler: str | None = None) -> int:
     """Execute (unless ``executed`` is given), stage and build; return the exit status
     (0 = every chapter ran and the book built without warnings)."""
+    profile = run_chapters.PROFILE_ALIASES.get(profile, profile)
     chapters = chapters or run_chapters.chapter_names()
     if executed is None:
         results = run_chapters.run(chapters, profile, block_network=profile == "ci",
