@@ -48,6 +48,14 @@ paper's :math:`W_1 \\in \\mathbb R^{p\\times p_I}` is ``linear1.weight.T`` and
 :math:`W_2 \\in \\mathbb R^{p_I\\times p}` is ``linear2.weight.T``. Randomness comes from an
 explicit ``generator`` (a ``torch.Generator`` on the CPU; ``None`` means a fresh one seeded
 with 0), the package's convention; nothing touches torch's global generator.
+
+The layers :class:`CompressedLinear` and :class:`LowRankLinear` live in :mod:`kernels.linear`
+(below the FFN surgery of :mod:`kernels.surgery`, which recognises them) and are re-exported here.
+
+One idea, more than 1,000 lines: MLP fusion as the paper evaluates it -- the fused MLP, the
+baselines it is compared against at the same budget and the NTK measures it is compared
+by share the sub-MLP view, the clustering matrices and the FFN blocks of a model; split
+apart, each part would import the others' private helpers.
 """
 
 from __future__ import annotations

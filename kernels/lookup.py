@@ -62,6 +62,11 @@ Bit ``j`` of a code is coordinate ``j`` of ``z_k``.
 
 Reference: Zeng, Davies, Pulijala, Sankaralingam and Singh (2023), *LookupFFN: Making
 Transformers Compute-lite for CPU Inference*, ICML (``zeng2023lookupffn``).
+
+One idea, more than 1,000 lines: LookupFFN as chapter 5 measures it -- the layer, its
+torch and compiled paths with their argument checks (about half the module), and the
+baselines and FLOP formulas of the paper's comparison, which share the layer's shapes and
+checks (:func:`kernels.ffn.multiply_adds` counts all of them).
 """
 
 from __future__ import annotations
