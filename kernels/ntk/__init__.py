@@ -39,7 +39,7 @@ Conventions used throughout:
 * the NTK parametrization scales each affine layer by ``W_std / sqrt(fan_in)`` in the
   forward pass and draws every parameter from ``N(0, 1)``.
 
-The package's modules, bottom to top (each imports only those above it in this list):
+The package's modules, bottom to top (each imports only the ones listed before it):
 
 * :mod:`kernels.ntk.network` -- :class:`NTKLinear`, :class:`Erf`, :func:`fc_network`;
 * :mod:`kernels.ntk.onednn` -- the oneDNN plumbing of the CPU products (private helpers);

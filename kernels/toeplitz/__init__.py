@@ -58,7 +58,7 @@ Conventions used throughout:
   path, and a non-finite entry then spreads through the FFT to every token of its
   channel (and batch row), as it would through the dense product.
 
-The package's modules, bottom to top (each imports only those above it in this list):
+The package's modules, bottom to top (each imports only the ones listed before it):
 
 * :mod:`kernels.toeplitz.product` -- the FFT Toeplitz product, :func:`toeplitz_matvec`, :func:`toeplitz_dense`;
 * :mod:`kernels.toeplitz.helpers` -- small local checks and initialisation helpers (private);
