@@ -45,7 +45,7 @@ record: env
 # (adds the [bench] extra, the third-party anchors, to .venv: book/tools/setup_env.sh --bench)
 bench: env
 	@VENV=$(VENV) bash book/tools/setup_env.sh --bench
-	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
+	for f in benchmarks/bench_*.py; do $(PY) -m benchmarks.$$(basename $$f .py) || exit 1; done
 
 # The result store (_build/results) may hold hours of record runs: only clean-results removes it.
 clean:

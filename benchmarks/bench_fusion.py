@@ -27,7 +27,7 @@ inputs or weights, are counted).
 The goal of this book: a fused FFN at k = p_I / 4 at least 2x faster than the original
 (the arithmetic is 4x smaller). Writes ``results/bench_fusion.{json,md}``.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_fusion.py [--threads 1] [--repeats 30]
+    OMP_NUM_THREADS=1 python -m benchmarks.bench_fusion [--threads 1] [--repeats 30]
 """
 
 from __future__ import annotations
@@ -35,17 +35,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import (  # noqa: E402
+from benchmarks._harness import (
     machine_info,
     module_bytes,
     onednn_dense_ffn,
@@ -55,7 +52,7 @@ from _harness import (  # noqa: E402
     write_results,
 )
 
-from kernels.fusion import compress_model, fuse_mlp  # noqa: E402
+from kernels.fusion import compress_model, fuse_mlp
 
 
 def ffn(p: int, p_inner: int, seed: int) -> nn.Sequential:

@@ -4,8 +4,8 @@ Chapter 5 (``chapters/05_lookupffn.ipynb``, section "The fast Walsh-Hadamard tra
 derives the transform; issue 15 asks that ours be at least as fast as the strongest
 third-party implementation at every size a model uses.
 
-    python benchmarks/bench_fwht.py          # full grid, 1 and 2 threads: results/bench_fwht.{json,md}
-    python benchmarks/bench_fwht.py --quick  # a few shapes, prints only (files with --out DIR)
+    python -m benchmarks.bench_fwht          # full grid, 1 and 2 threads: results/bench_fwht.{json,md}
+    python -m benchmarks.bench_fwht --quick  # a few shapes, prints only (files with --out DIR)
 
 What is measured: the unnormalised transform of the rows of a float32 ``(batch, d)``
 array, for d in {64, 256, 1024, 4096, 8192} x batch in {1, 64, 4096, 32768} (shapes of more
@@ -44,12 +44,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import RESULTS_DIR, machine_info, time_interleaved, write_results  # noqa: E402
+from benchmarks._harness import RESULTS_DIR, machine_info, time_interleaved, write_results
 
-from kernels.hadamard import fwht, fwht_backend, fwht_torch  # noqa: E402
+from kernels.hadamard import fwht, fwht_backend, fwht_torch
 
 DS = (64, 256, 1024, 4096, 8192)
 BATCHES = (1, 64, 4096, 32768)

@@ -2,8 +2,8 @@
 
 Chapter 5 (``chapters/05_lookupffn.ipynb``, section "CPU latency") reads the results file.
 
-    python benchmarks/bench_lookup.py          # full run: results/bench_lookup.{json,md}
-    python benchmarks/bench_lookup.py --quick  # 4096 tokens, three settings, prints only
+    python -m benchmarks.bench_lookup          # full run: results/bench_lookup.{json,md}
+    python -m benchmarks.bench_lookup --quick  # 4096 tokens, three settings, prints only
 
 What is measured (float32, CPU, torch's thread count -- every comparison timed
 interleaved with :func:`_harness.time_interleaved`, medians of the repeats, warm-up call
@@ -72,9 +72,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _harness import (  # noqa: E402
+from benchmarks._harness import (
     RESULTS_DIR,
     limit_cpus,
     machine_info,
@@ -86,8 +84,8 @@ from _harness import (  # noqa: E402
     time_interleaved,
 )
 
-from kernels.hadamard import fwht, fwht_torch, hadamard_matrix  # noqa: E402
-from kernels.lookup import (  # noqa: E402
+from kernels.hadamard import fwht, fwht_torch, hadamard_matrix
+from kernels.lookup import (
     LookupFFN,
     VanillaFFN,
     gather_fused,

@@ -1,7 +1,7 @@
 """Speed of ``kernels.ntk`` against neural-tangents on the same machine, in the same run.
 
-    python benchmarks/bench_ntk.py          # full sizes -> benchmarks/results/bench_ntk.{json,md}
-    python benchmarks/bench_ntk.py --quick   # small sizes, prints only (``--out DIR`` to write)
+    python -m benchmarks.bench_ntk          # full sizes -> benchmarks/results/bench_ntk.{json,md}
+    python -m benchmarks.bench_ntk --quick   # small sizes, prints only (``--out DIR`` to write)
 
 Cases (chapter 1, chapters/01_ntk.ipynb, reads the results file):
 
@@ -59,14 +59,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parent))
 
-from _harness import (  # noqa: E402  (the path line above makes _harness importable)
+from benchmarks._harness import (
     RESULTS_DIR,
     limit_cpus,
     machine_info,

@@ -3,8 +3,8 @@
 Chapters 2 and 3 (``chapters/02_random_features.ipynb``, ``chapters/03_bundling.ipynb``)
 can read the results file.
 
-    python benchmarks/bench_snnk.py          # full run: results/bench_snnk.{json,md}
-    python benchmarks/bench_snnk.py --quick  # fewer shapes and repeats, no files
+    python -m benchmarks.bench_snnk          # full run: results/bench_snnk.{json,md}
+    python -m benchmarks.bench_snnk --quick  # fewer shapes and repeats, no files
 
 What is measured (float32, CPU, ``torch.no_grad()``, one process, torch's default thread
 count unless ``--threads``; each comparison timed interleaved with
@@ -32,17 +32,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import machine_info, onednn_dense_ffn, time_interleaved, write_results  # noqa: E402
+from benchmarks._harness import machine_info, onednn_dense_ffn, time_interleaved, write_results
 
-from kernels.snnk import SNNKLinear, bundle  # noqa: E402
+from kernels.snnk import SNNKLinear, bundle
 
 
 def layer_rows(dims: list[int], ms: list[int], repeats: int, batch: int = 256) -> list[dict[str, Any]]:
@@ -139,7 +136,7 @@ def main() -> None:
     if hasattr(os, "getloadavg"):
         machine["load_average_at_end"] = " / ".join(f"{v:.2f}" for v in os.getloadavg())
     if args.quick:
-        from _harness import markdown_table
+        from benchmarks._harness import markdown_table
         print(markdown_table(rows))
         return
     notes = (

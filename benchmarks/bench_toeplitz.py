@@ -2,9 +2,9 @@
 
 Chapter 4 (``chapters/04_toeplitz.ipynb``, section "Speed") reads the results file.
 
-    python benchmarks/bench_toeplitz.py              # full run: results/bench_toeplitz.{json,md}
-    python benchmarks/bench_toeplitz.py --quick      # small n, few repeats, no memory, no files
-    python benchmarks/bench_toeplitz.py --threads 2  # torch and scipy thread count (default 1)
+    python -m benchmarks.bench_toeplitz              # full run: results/bench_toeplitz.{json,md}
+    python -m benchmarks.bench_toeplitz --quick      # small n, few repeats, no memory, no files
+    python -m benchmarks.bench_toeplitz --threads 2  # torch and scipy thread count (default 1)
 
 What is measured (float32, CPU, ``--threads`` threads for torch and for scipy's
 ``workers``; one process for the times, every comparison interleaved in a new random
@@ -58,20 +58,18 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import (  # noqa: E402
+from benchmarks._harness import (
     RESULTS_DIR, _atomic_write, machine_info, markdown_table, peak_memory_of_call, run_worker,
     summarize,
 )
 
-from kernels.toeplitz import (  # noqa: E402
+from kernels.toeplitz import (
     FDTNO, SKITNO, TNO, _apply_spectrum, _frequency_features, fft_length, toeplitz_dense,
     toeplitz_matvec,
 )

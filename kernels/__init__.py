@@ -2,12 +2,16 @@
 
 Each module implements the methods one chapter derives (see ``chapters/``):
 
-* :mod:`kernels.ntk` -- empirical and infinite-width neural tangent kernels (chapter 1).
+* :mod:`kernels.ntk` (a package) -- empirical and infinite-width neural tangent kernels (chapter 1).
 * :mod:`kernels.features`, :mod:`kernels.snnk` -- universal random features, SNNK layers, bundling (chapters 2, 3).
-* :mod:`kernels.toeplitz` -- Toeplitz neural operators: TNO, SKI-TNO, FD-TNO (chapter 4).
+* :mod:`kernels.toeplitz` (a package) -- Toeplitz neural operators: TNO, SKI-TNO, FD-TNO (chapter 4).
 * :mod:`kernels.hadamard`, :mod:`kernels.lookup` -- fast Walsh-Hadamard transform, BH4 projections, LookupFFN with a compiled CPU kernel (chapter 5).
-* :mod:`kernels.fusion` -- MLP fusion: clustering sub-MLPs, compressed FFNs, NTK errors (chapter 6).
-* :mod:`kernels.ffn` -- FFN surgery (find, capture, replace, count) and every FFN replacement behind one signature (chapter 7; used by chapters 3, 5, 6).
+* :mod:`kernels.linear`, :mod:`kernels.fusion` -- compressed linear layers; MLP fusion: clustering sub-MLPs, compressed FFNs, NTK errors (chapter 6).
+* :mod:`kernels.surgery` -- FFN surgery: find, capture and replace a model's FFN blocks (chapter 7; used by chapters 3, 6).
+* :mod:`kernels.ffn` -- every FFN replacement behind one signature, and their counts (chapter 7).
+
+README.md ("The package, bottom to top") maps every module in import order; no module
+imports one that imports it back (``tests/test_layout.py``).
 
 Shared plumbing lives in :mod:`kernels.device` (device selection and device checks) and
 :mod:`kernels._checks` (argument validation).

@@ -64,6 +64,8 @@ __all__ = [
     "BHProjection",
     "BH4",
     "bh_project_fused",
+    "check_fused_array",
+    "check_fused_projection",
     "projection_flops",
     "projection_params",
     "FWHT_BACKENDS",
@@ -453,7 +455,10 @@ class BHProjection(_Structured):
         return self._crop(y)
 
 
-def _check_fused_array(name: str, value: Any) -> None:
+def check_fused_array(name: str, value: Any) -> None:
+    """Raise unless ``value`` is what the compiled kernels read: a contiguous float32 or
+    float64 CPU tensor (``TypeError``/``ValueError`` naming ``name``). Also used by
+    :mod:`kernels.lookup`'s fused entry points."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dtype not in (torch.float32, torch.float64):
@@ -467,11 +472,12 @@ def _check_fused_array(name: str, value: Any) -> None:
         )
 
 
-def _check_fused_projection(x: Any, projection: Any, x_name: str = "x") -> Tensor:
-    """Everything the compiled BH kernels assume; returns the projection's blocks."""
+def check_fused_projection(x: Any, projection: Any, x_name: str = "x") -> Tensor:
+    """Everything the compiled BH kernels assume; returns the projection's blocks. Used by
+    :func:`bh_project_fused` and :mod:`kernels.lookup`'s fused BH entry points."""
     if not isinstance(projection, BHProjection):
         raise TypeError(f"projection must be a BHProjection, got {type(projection).__name__}")
-    _check_fused_array(x_name, x)
+    check_fused_array(x_name, x)
     if x.ndim != 2 or x.shape[1] != projection.in_features:
         raise ValueError(
             f"{x_name} must have shape (tokens, {projection.in_features}), got {tuple(x.shape)}"
@@ -479,7 +485,7 @@ def _check_fused_projection(x: Any, projection: Any, x_name: str = "x") -> Tenso
     blocks = projection.check_blocks().detach()
     if projection.block % 16:
         raise ValueError(f"the fused kernel needs block to be a multiple of 16, got {projection.block}")
-    _check_fused_array("blocks", blocks.contiguous())
+    check_fused_array("blocks", blocks.contiguous())
     if blocks.dtype != x.dtype:
         raise TypeError(f"{x_name} must have the projection's dtype {blocks.dtype}, got {x.dtype}")
     return blocks.contiguous()
@@ -493,7 +499,7 @@ def bh_project_fused(x: Tensor, projection: "BHProjection") -> Tensor:
     block). Tiles of 48 tokens go through all ``m`` rounds of block products and FWHTs in
     per-thread buffers. Raises ``RuntimeError`` when the extension cannot be built.
     """
-    blocks = _check_fused_projection(x, projection)
+    blocks = check_fused_projection(x, projection)
     from kernels._ext import build
 
     with torch.no_grad():

@@ -62,6 +62,11 @@ Bit ``j`` of a code is coordinate ``j`` of ``z_k``.
 
 Reference: Zeng, Davies, Pulijala, Sankaralingam and Singh (2023), *LookupFFN: Making
 Transformers Compute-lite for CPU Inference*, ICML (``zeng2023lookupffn``).
+
+One idea, more than 1,000 lines: LookupFFN as chapter 5 measures it -- the layer, its
+torch and compiled paths with their argument checks (about half the module), and the
+baselines and FLOP formulas of the paper's comparison, which share the layer's shapes and
+checks (:func:`kernels.ffn.multiply_adds` counts all of them).
 """
 
 from __future__ import annotations
@@ -467,11 +472,11 @@ def _check_bh_fused(
     x: Any, projection: Any, tables: Any, scaled: Any, scales: Any = None
 ) -> tuple[Tensor, int]:
     """Every argument check of :func:`lookup_bh_forward_fused`; returns (blocks, tau)."""
-    from kernels.hadamard import _check_fused_array, _check_fused_projection
+    from kernels.hadamard import check_fused_array, check_fused_projection
 
     if not isinstance(projection, BHProjection):
         raise TypeError(f"projection must be a BHProjection, got {type(projection).__name__}")
-    _check_fused_array("x", x)
+    check_fused_array("x", x)
     if x.ndim != 2:
         raise ValueError(f"x must have shape (tokens, d_model) for the fused kernel, got {tuple(x.shape)}")
     _check_fused_inputs(x, tables, z_name="x", scales=scales)
@@ -486,7 +491,7 @@ def _check_bh_fused(
         raise TypeError(
             f"x and the projection must share one dtype, got {x.dtype} and {blocks_dtype}"
         )
-    blocks = _check_fused_projection(x, projection)
+    blocks = check_fused_projection(x, projection)
     if not isinstance(scaled, bool):
         raise TypeError(f"scaled must be a bool, got {scaled!r}")
     return blocks, tau

@@ -38,7 +38,7 @@ Bundling API (Sec. 3.3, eq. 14) -- what chapter 3 uses
     counts of the paper's Table 6. ``net.as_modules()`` splits a bundle into a
     :class:`FeatureTower` and an ``nn.Linear`` for model surgery, and
     :func:`with_bundled_ffn` swaps bundles into the FFN blocks of a BERT encoder (the FFN
-    surgery and :func:`bert_snnk_counts` live in :mod:`kernels.ffn`, re-exported here).
+    surgery lives in :mod:`kernels.surgery`; :mod:`kernels.ffn` re-exports :func:`bert_snnk_counts`).
     Bundling a ReLU-SNNK layer after another layer is biased (:class:`BundlingBiasWarning`).
 """
 
@@ -60,7 +60,7 @@ from kernels._checks import (
     check_tensor,
 )
 from kernels.features import ReLUMap, Spectrum, URFMap, spectrum_from_name
-from kernels.ffn import _set_submodule, bert_snnk_counts, find_ffn_sites
+from kernels.surgery import find_ffn_sites, set_submodule
 
 __all__ = [
     "make_feature_map",
@@ -615,12 +615,12 @@ def with_bundled_ffn(model: nn.Module, bundles: Mapping[int, "BundledNetwork"]) 
         places = {}
     for i, net in bundles.items():
         tower, down = net.as_modules()
-        # The bundle's two halves take the places of the FFN's two halves (kernels.ffn
+        # The bundle's two halves take the places of the FFN's two halves (kernels.surgery
         # surgery, with the down-projection kept as a Linear for chapter 3's counts); a
         # layer bundled before is found by its BERT names.
         up_path, down_path = places.get(i, (f"encoder.layer.{i}.intermediate", f"encoder.layer.{i}.output.dense"))
-        _set_submodule(new, up_path, tower)
-        _set_submodule(new, down_path, down)
+        set_submodule(new, up_path, tower)
+        set_submodule(new, down_path, down)
     return new.eval()
 
 
@@ -752,3 +752,68 @@ def _prev_out(layer: nn.Module) -> int:
     if isinstance(layer, FeedForward):
         return layer.linear.out_features
     return layer.out_features  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------
+# Whole-model counts (chapter 3, Table 6 of the SNNK paper)
+# --------------------------------------------------------------------------------------
+
+
+def bert_snnk_counts(
+    hidden: int,
+    layers: int,
+    inner: int,
+    vocab: int,
+    positions: int,
+    *,
+    replaced: int,
+    num_features: int,
+    batch: int = 64,
+    tokens: int = 128,
+) -> dict[str, int]:
+    """Parameters and multiply-adds of a BERT encoder + pooler with SNNK FFN blocks (Table 6 conventions).
+
+    The FFNs of the top ``replaced`` layers become an SNNK layer (``"train"``: trainable
+    :math:`\\omega \\in \\mathbb R^{inner\\times M}` replaces :math:`W_1, b_1`; :math:`W_2, b_2`
+    stay) or a bundled block (``"infer"``: :math:`\\widehat W \\in \\mathbb R^{d\\times M}`
+    and :math:`b_2` replace the block). Multiply-adds are for ``batch`` sequences of
+    ``tokens`` tokens: per token and layer :math:`4d^2` (attention projections),
+    :math:`2\\,tokens\\,d` (scores and weighted sum), :math:`2\\,d\\,inner` (FFN), which
+    becomes :math:`M(d+1) + inner\\,M + inner\\,d` (train) or :math:`M(d+1) + dM`
+    (bundled); the pooler adds :math:`d^2` per sequence. The random projections are not
+    counted as parameters (they are regenerated from a seed). Keys: ``params_full``,
+    ``params_train``, ``params_infer``, ``macs_full``, ``macs_train``, ``macs_infer``.
+    Chapter 3 (beside the paper's Table 6); also :func:`kernels.ffn.bert_snnk_counts`.
+    """
+    d = check_positive_int("hidden", hidden)
+    n_layers = check_positive_int("layers", layers)
+    h = check_positive_int("inner", inner)
+    v = check_positive_int("vocab", vocab)
+    p = check_positive_int("positions", positions)
+    if isinstance(replaced, bool) or not isinstance(replaced, int) or not 0 <= replaced <= n_layers:
+        raise ValueError(f"replaced must be an integer in [0, layers={n_layers}], got {replaced!r}")
+    m = check_positive_int("num_features", num_features)
+    b = check_positive_int("batch", batch)
+    t = check_positive_int("tokens", tokens)
+    k = replaced
+    embeddings = (v + p + 2) * d + 2 * d  # word, position, 2 token types; layer norm
+    attention = 4 * (d * d + d) + 2 * d  # q, k, v, output projection; layer norm
+    ffn = d * h + h + h * d + d
+    per_layer_other = attention + 2 * d  # the FFN's layer norm
+    pooler = d * d + d
+    full = embeddings + n_layers * (per_layer_other + ffn) + pooler
+    snnk_train = h * m + h * d + d  # omega, W2, b2
+    snnk_infer = d * m + d  # W_hat, b2
+    macs_attn = 4 * d * d + 2 * t * d
+    macs_ffn = 2 * d * h
+    macs_train = m * (d + 1) + h * m + h * d
+    macs_infer = m * (d + 1) + d * m
+    n_tok = b * t
+    return {
+        "params_full": full,
+        "params_train": full - k * ffn + k * snnk_train,
+        "params_infer": full - k * ffn + k * snnk_infer,
+        "macs_full": n_tok * n_layers * (macs_attn + macs_ffn) + b * d * d,
+        "macs_train": n_tok * (n_layers * macs_attn + (n_layers - k) * macs_ffn + k * macs_train) + b * d * d,
+        "macs_infer": n_tok * (n_layers * macs_attn + (n_layers - k) * macs_ffn + k * macs_infer) + b * d * d,
+    }

@@ -607,7 +607,7 @@ def test_pair_product_sum_matches_loops(monkeypatch, n, tokens, rows):
     # The token-pair sum sum_{t,s} (a_t . a'_s)(g_t . g'_s) against a loop over sample
     # pairs; the symmetric path (x2 = None) with row blocks of `rows` tokens, blocks
     # that split samples unevenly and one block holding every sample.
-    from kernels import ntk as ntk_mod
+    from kernels.ntk import gram as ntk_mod  # the module that reads _SYM_BLOCK_ROWS
 
     monkeypatch.setattr(ntk_mod, "_SYM_BLOCK_ROWS", rows)
     a, g = randn(n, tokens, 6, seed=1), randn(n, tokens, 4, seed=2)
@@ -691,19 +691,19 @@ def test_linear_gram_ntk_float32_fast_path_skips_weight_gradients(monkeypatch):
     # symmetric path in several row blocks; against torch.func in float64 on the same
     # weights. The backward passes ask for the layers' output gradients only, so no
     # weight gradient is formed (the engine query says so on this torch).
-    from kernels import ntk as ntk_mod
+    from kernels.ntk import gram as ntk_mod, onednn
 
     _fast_linear_or_skip()
     monkeypatch.setattr(ntk_mod, "_SYM_BLOCK_ROWS", 8)
     asked: list[tuple[int, bool]] = []
-    real = ntk_mod._engine_will_run
+    real = onednn._engine_will_run
 
     def spy(ctx, index):
         out = real(ctx, index)
         asked.append((index, out))
         return out
 
-    monkeypatch.setattr(ntk_mod, "_engine_will_run", spy)
+    monkeypatch.setattr(onednn, "_engine_will_run", spy)
     model = _TokenFFNModel(6, 40, 2, 1, True, gen(4))
     x = randn(9, 5, 6, seed=5)
     ref = funcjac_ntk(model, x, x)[:, :, 0, 0]
@@ -794,10 +794,10 @@ def as_4d(theta: torch.Tensor) -> torch.Tensor:
 
 
 class _Spy:
-    """Replaces kernels.ntk._func_jacobian_ntk and records the parameter names it got."""
+    """Replaces kernels.ntk.empirical._func_jacobian_ntk and records the parameter names it got."""
 
     def __init__(self, monkeypatch):
-        import kernels.ntk as ntk_module
+        import kernels.ntk.empirical as ntk_module
 
         self.calls: list[list[str]] = []
         original = ntk_module._func_jacobian_ntk

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -33,8 +34,10 @@ def test_there_are_scripts_to_check() -> None:
 def test_script_answers_help_without_side_effects(script: Path, tmp_path: Path) -> None:
     before = _tree_state()
     env = dict(os.environ, NN_KERNELS_EXT_DIR=str(tmp_path / "ext"))
-    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env=env)
+    # The benchmarks are a package: python -m benchmarks.bench_x from the repository root.
+    command = ([sys.executable, "-m", f"benchmarks.{script.stem}"] if script.parent.name == "benchmarks"
+               else [sys.executable, str(script)])
+    proc = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage" in proc.stdout.lower(), proc.stdout[:500]
     assert _tree_state() == before, "--help created or removed files"
@@ -51,6 +54,21 @@ def test_setup_env_and_extension_answer_help(tmp_path: Path) -> None:
                           text=True, timeout=60, env=env)
     assert proc.returncode == 0 and "usage" in proc.stdout
     assert not (tmp_path / "ext").exists(), "--help started a build"
+
+
+def test_no_benchmark_edits_sys_path() -> None:
+    scripts = sorted((ROOT / "benchmarks").glob("*.py"))
+    assert len(scripts) >= 9 and (ROOT / "benchmarks" / "__init__.py").exists()
+    edit = re.compile(r"sys\.path\s*(\.\w+\(|\[|\+?=)")  # sys.path.insert(, sys.path[0] =, sys.path +=
+    assert edit.search("sys.path.insert(0, here)") and not edit.search("none edits ``sys.path``")
+    edits = [p.name for p in scripts if edit.search(p.read_text())]
+    assert not edits, f"these benchmarks edit sys.path (import benchmarks._harness instead): {edits}"
+
+
+def test_make_bench_runs_the_benchmarks_as_modules() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    bench = makefile.split("\nbench:", 1)[1].split("\n\n", 1)[0]
+    assert "-m benchmarks.$$" in bench and "$(PY) $$f" not in bench, bench
 
 
 def test_make_help_lists_every_target() -> None:
@@ -79,8 +97,7 @@ def test_lab_kernel_imports_this_project() -> None:
 
 
 def test_benchmark_harness_reports_spread_and_machine() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import _harness
+    from benchmarks import _harness
 
     stats = _harness.summarize([1.0, 2.0, 3.0, 4.0, 100.0])
     assert stats["median_s"] == 3.0 and stats["min_s"] == 1.0
@@ -101,8 +118,7 @@ def test_module_bytes_counts_parameters_and_optionally_buffers() -> None:
     import torch
     from torch import nn
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import _harness
+    from benchmarks import _harness
 
     module = nn.BatchNorm1d(10)  # 2 x 10 float32 parameters; buffers: 2 x 10 float32 + one int64
     assert _harness.module_bytes(module, buffers=False) == 2 * 10 * 4
@@ -111,8 +127,7 @@ def test_module_bytes_counts_parameters_and_optionally_buffers() -> None:
 
 
 def test_peak_memory_workers_collects_figures_and_survives_a_failed_worker(tmp_path) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import _harness
+    from benchmarks import _harness
 
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent('''
@@ -133,8 +148,7 @@ def test_onednn_dense_ffn_anchor_matches_torch_ffn(d, hidden, lead) -> None:
     import torch
     from torch import nn
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import _harness
+    from benchmarks import _harness
 
     torch.manual_seed(d)
     ffn = nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
@@ -179,8 +193,7 @@ def test_limit_cpus_pins_existing_and_new_threads_and_children() -> None:
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(got["main"]) == 1 and got["early"] == got["late"] == got["main"]
     assert got["child"] == str(got["main"]) and "pinned to CPU" in got["note"]
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import _harness
+    from benchmarks import _harness
 
     with pytest.raises(ValueError, match="threads"):
         _harness.limit_cpus(0)
