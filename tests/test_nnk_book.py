@@ -282,6 +282,40 @@ def test_verdict_follows_the_interval_overlap() -> None:
     assert nnk_book.verdict([0.90, 0.91], [0.10, 0.11]) == "tied"
 
 
+def test_paired_verdict_is_the_paired_t_test() -> None:
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    seen = set()
+    for trial in range(300):
+        n = int(rng.integers(3, 9))
+        shared = rng.normal(0.0, 1.0, n)  # a seed effect common to both methods
+        shift = rng.choice([0.0, 0.05, 0.2, 0.5])
+        a = shared + rng.normal(shift, 0.1, n)
+        b = shared + rng.normal(0.0, 0.1, n)
+        p_value = stats.ttest_rel(a, b).pvalue
+        want = "tied" if p_value >= 0.05 else ("ahead" if np.mean(a - b) > 0 else "behind")
+        got = nnk_book.verdict(a, b, paired=True)
+        assert got == want, (trial, a, b, p_value)
+        flipped = {"ahead": "behind", "behind": "ahead", "tied": "tied"}[want]
+        assert nnk_book.verdict(a, b, higher_is_better=False, paired=True) == flipped
+        seen.add(want)
+    assert seen == {"ahead", "behind", "tied"}
+
+
+def test_paired_verdict_sees_what_separate_intervals_miss() -> None:
+    # a large seed effect shared by both methods hides a consistent gap from the unpaired rule
+    a, b = [1.0, 2.0, 3.0, 4.0], [0.9, 1.91, 2.89, 3.9]
+    assert nnk_book.verdict(a, b) == "tied"
+    assert nnk_book.verdict(a, b, paired=True) == "ahead"
+    assert nnk_book.verdict(a, b, higher_is_better=False, paired=True) == "behind"
+    assert nnk_book.verdict(a[:2], b[:2], paired=True) == "tied"  # fewer than 3 pairs
+    assert nnk_book.verdict([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], paired=True) == "tied"  # no difference at all
+    with pytest.raises(ValueError, match="paired"):
+        nnk_book.verdict([1.0, 2.0, 3.0], [1.0, 2.0], paired=True)
+    assert set(nnk_book.stats.VERDICTS) == {"ahead", "behind", "tied"}
+
+
 # --- nnk_book.training: convergence, smoothing, schedule, loop -----------------------------
 
 
