@@ -49,7 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from kernels import _ext
-from kernels._checks import check_choice, check_positive_int, check_tensor
+from kernels._checks import check_choice, check_float_dtype, check_positive_int, check_tensor
 
 __all__ = [
     "is_power_of_two",
@@ -114,6 +114,7 @@ def hadamard_matrix(
 def dct_matrix(d: int, dtype: torch.dtype = torch.float64) -> Tensor:
     """Orthonormal DCT-II matrix ``C`` (``(d, d)``) acting on row vectors: ``x @ C`` is
     the DCT of ``x`` and ``C.T`` its inverse (scipy's ``dct(x, norm='ortho')``)."""
+    check_float_dtype("dtype", dtype)
     d = check_positive_int("d", d)
     n = torch.arange(d, dtype=torch.float64)
     c = torch.cos(math.pi * (n[:, None] + 0.5) * n[None, :] / d) * math.sqrt(2.0 / d)

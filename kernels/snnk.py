@@ -86,6 +86,9 @@ FeatureMap = Union[URFMap, ReLUMap]
 
 def count_trainable(module: nn.Module) -> int:
     """Number of trainable (``requires_grad``) parameters of a module."""
+    from kernels._checks import check_module
+
+    check_module("module", module)
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
