@@ -16,7 +16,13 @@ runner blocks the network so that a silent download would fail loudly.
   used as it is after the same checks, which is also how data is placed by hand on a
   machine without internet; a bad one is named in the error with the command that
   deletes it. A download for which no checksum is published needs the user's
-  confirmation (``$NN_KERNELS_CONFIRM_UNPINNED=1``), and its digest is then recorded.
+  confirmation (``$NN_KERNELS_CONFIRM_UNPINNED=1``), and its size and digest are then
+  recorded beside it (``<file>.sha256``) and checked on every later use. A cached file
+  with neither a pinned nor a recorded checksum (placed by hand, or by an older version)
+  must have the length the server's Content-Length gives (a HEAD request); it is then
+  recorded, and a file of another length is refused with the ``rm`` command that
+  removes it. Offline it is used with a warning and checked once a server answers.
+  A transfer that ends at another length than the Content-Length is never accepted.
 * :func:`extract` -- a ``.zip`` or a (compressed) tar archive, recognised by content
   rather than by name (LRA's ``lra_release.gz`` is a gzipped tar). Members that would
   land outside the destination (absolute paths, ``..``), links and device files are

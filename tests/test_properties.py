@@ -382,13 +382,14 @@ from torch import nn  # noqa: E402
 
 import kernels  # noqa: E402
 from kernels import features as _features, ffn as _ffn, fusion as _fusion  # noqa: E402
+from kernels import linear as _linear, surgery as _surgery  # noqa: E402
 from kernels import hadamard as _hadamard, lookup as _lookup, ntk as _ntk  # noqa: E402
 from kernels import snnk as _snnk, toeplitz as _toeplitz  # noqa: E402
 from strategies import any_tensor, sweep_arguments  # noqa: E402
 
 SWEPT_MODULES = {"kernels": kernels, "device": device, "features": _features, "ffn": _ffn,
                  "fusion": _fusion, "hadamard": _hadamard, "lookup": _lookup, "ntk": _ntk,
-                 "snnk": _snnk, "toeplitz": _toeplitz}
+                 "snnk": _snnk, "toeplitz": _toeplitz, "linear": _linear, "surgery": _surgery}
 #: Public callables the sweep does not call, and why.
 NOT_SWEPT = {
     "kernels.PackageCollisionWarning": "a warning class",
@@ -419,6 +420,11 @@ SWEEP_GAPS = {
     "features.ReLUMap.forward": "no forward (use .features/.psi): nn.Module's NotImplementedError",
     "features.URFMap.forward": "no forward (use .features/.psi): nn.Module's NotImplementedError",
     "ffn.FFNModule.forward": "x not checked",
+    "surgery.FFNModule": "junk linear1/linear2 modules fail inside torch",
+    "surgery.FFNModule.forward": "x not checked",
+    "surgery.replace_ffns": "junk replacements fail inside torch",
+    "linear.CompressedLinear.forward": "x not checked",
+    "linear.LowRankLinear.forward": "x not checked",
     "fusion.CompressedLinear.forward": "x not checked",
     "fusion.LowRankLinear.forward": "x not checked",
     "hadamard.DenseProjection.forward": "x's dtype not checked against the weights",
@@ -438,7 +444,8 @@ SWEEP_GAPS = {
 }
 #: Arguments where a tensor of that kind is documented as accepted.
 ACCEPTS_COMPLEX = {("features.softmax_features", "x")}
-ACCEPTS_BOOL = {("fusion.CompressedLinear", "mask"), ("fusion.ffn_output_error", "mask")}
+ACCEPTS_BOOL = {("fusion.CompressedLinear", "mask"), ("linear.CompressedLinear", "mask"),
+                ("fusion.ffn_output_error", "mask")}
 
 
 def _gen() -> torch.Generator:
@@ -458,10 +465,15 @@ def _instances() -> dict:
         "ntk.LinearizedModel": lambda: _ntk.LinearizedModel(_ntk.fc_network(4, 8, 1, generator=g())),
         "features.URFMap": lambda: _features.URFMap(4, "sin", 8, generator=g(), dtype=torch.float64),
         "features.ReLUMap": lambda: _features.ReLUMap(4, 8, generator=g(), dtype=torch.float64),
-        "fusion.CompressedLinear": lambda: _fusion.CompressedLinear(torch.randn(3, 4, dtype=torch.float64), None),
-        "fusion.LowRankLinear": lambda: _fusion.LowRankLinear(torch.randn(3, 2, dtype=torch.float64),
+        "linear.CompressedLinear": lambda: _linear.CompressedLinear(torch.randn(3, 4, dtype=torch.float64), None),
+        "linear.LowRankLinear": lambda: _linear.LowRankLinear(torch.randn(3, 2, dtype=torch.float64),
                                                               torch.randn(2, 4, dtype=torch.float64), None),
         "fusion.FFNBlock": None,
+        "fusion.CompressedLinear": lambda: _linear.CompressedLinear(torch.randn(3, 4, dtype=torch.float64), None),
+        "fusion.LowRankLinear": lambda: _linear.LowRankLinear(torch.randn(3, 2, dtype=torch.float64),
+                                                              torch.randn(2, 4, dtype=torch.float64), None),
+        "ffn.FFNModule": lambda: _surgery.FFNModule(nn.Linear(4, 6, dtype=torch.float64), nn.GELU(),
+                                                    nn.Linear(6, 4, dtype=torch.float64)),
         "hadamard.DenseProjection": lambda: DenseProjection(4, 4, generator=g(), dtype=torch.float64),
         "hadamard.ACDCProjection": lambda: ACDCProjection(4, 4, generator=g(), dtype=torch.float64),
         "hadamard.BHProjection": lambda: _hadamard.BHProjection(4, 4, block=4, generator=g(), dtype=torch.float64),
@@ -484,7 +496,7 @@ def _instances() -> dict:
         "toeplitz.GLU": lambda: _toeplitz.GLU(4, 4, generator=g(), dtype=torch.float64),
         "toeplitz.TNNBlock": lambda: _toeplitz.TNNBlock(4, generator=g(), dtype=torch.float64),
         "toeplitz.TNNEncoder": lambda: _toeplitz.TNNEncoder(10, 4, 1, generator=g(), dtype=torch.float64),
-        "ffn.FFNModule": lambda: _ffn.FFNModule(nn.Linear(4, 6, dtype=torch.float64), nn.GELU(),
+        "surgery.FFNModule": lambda: _surgery.FFNModule(nn.Linear(4, 6, dtype=torch.float64), nn.GELU(),
                                                 nn.Linear(6, 4, dtype=torch.float64)),
     }
 

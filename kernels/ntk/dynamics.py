@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 from typing import Callable, NamedTuple, Optional, Union
 
 import torch
