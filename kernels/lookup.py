@@ -846,6 +846,7 @@ class VanillaFFN(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        check_float_dtype("dtype", dtype)
         self.d_model = check_positive_int("d_model", d_model)
         self.hidden = check_positive_int("hidden", hidden)
         self.w1 = nn.Parameter(torch.randn(d_model, hidden, generator=generator, dtype=dtype) / math.sqrt(d_model))
@@ -910,6 +911,7 @@ class Top1MoEFFN(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        check_float_dtype("dtype", dtype)
         self.d_model = check_positive_int("d_model", d_model)
         self.hidden = check_positive_int("hidden_per_expert", hidden_per_expert)
         self.experts = check_positive_int("experts", experts)

@@ -53,6 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from kernels._checks import (
+    check_float_dtype,
     check_nonempty,
     check_nonnegative_float,
     check_positive_float,
@@ -327,6 +328,7 @@ class SNNKAdapter(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        check_float_dtype("dtype", dtype)
         self.snnk = SNNKLinear(dim, dim, num_features, activation, bias=False, generator=generator, dtype=dtype)
         self.gate = nn.Parameter(torch.zeros(dim, dtype=dtype))
 

@@ -16,6 +16,16 @@ def near(side: int):
     return st.integers(0, 7).flatmap(lambda i: st.just(side) if i < 6 else st.sampled_from([0, side + 1]))
 
 
+def check_clear_word(exc: BaseException, *names: str) -> None:
+    """:func:`check_clear` with ``names`` matched as whole words ("x" is not found in
+    "instances"; "x" in "x's" and "x=" is)."""
+    import re
+
+    assert isinstance(exc, (ValueError, TypeError)), f"unclear error {type(exc).__name__}: {exc}"
+    assert any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", str(exc)) for n in names), (
+        f"the message names none of {names}: {exc}")
+
+
 def check_clear(exc: BaseException, *names: str) -> None:
     """The error is a ValueError/TypeError whose message names one of ``names``."""
     assert isinstance(exc, (ValueError, TypeError)), f"unclear error {type(exc).__name__}: {exc}"

@@ -385,7 +385,7 @@ from kernels import features as _features, ffn as _ffn, fusion as _fusion  # noq
 from kernels import linear as _linear, surgery as _surgery  # noqa: E402
 from kernels import hadamard as _hadamard, lookup as _lookup, ntk as _ntk  # noqa: E402
 from kernels import snnk as _snnk, toeplitz as _toeplitz  # noqa: E402
-from strategies import any_tensor, sweep_arguments  # noqa: E402
+from strategies import any_tensor, check_clear_word, sweep_arguments  # noqa: E402
 
 SWEPT_MODULES = {"kernels": kernels, "device": device, "features": _features, "ffn": _ffn,
                  "fusion": _fusion, "hadamard": _hadamard, "lookup": _lookup, "ntk": _ntk,
@@ -408,14 +408,9 @@ SWEEP_GAPS = {
     "fusion.ffn_output_error": "non-callable ffn_ref/ffn_new not checked",
     "fusion.layerwise_tuning": "junk batches fail inside torch",
     "fusion.mlp_parameter_count": "some modules fail inside torch",
-    "hadamard.fwht_backend": "accepts a bool x",
-    "hadamard.fwht_torch": "bool/complex x fail inside torch",
-    "lookup.Top1MoEFFN": "dtype not checked (int64 fails in torch.normal)",
-    "lookup.VanillaFFN": "dtype not checked (int64 fails in torch.normal)",
     "ntk.linear_gram_ntk": "some modules fail inside torch",
     "snnk.BundledNetwork": "junk feature_maps fail inside torch",
     "snnk.FeatureTower": "feature_maps=None: TypeError not naming it",
-    "snnk.SNNKAdapter": "dtype not checked",
     "toeplitz.frequency_response_decay": "some modules fail inside torch",
     "features.ReLUMap.forward": "no forward (use .features/.psi): nn.Module's NotImplementedError",
     "features.URFMap.forward": "no forward (use .features/.psi): nn.Module's NotImplementedError",
@@ -557,7 +552,7 @@ def _call_or_clear(label: str, fn, kwargs: dict, names: list[str]) -> None:
             fn(**kwargs)
     except Exception as exc:  # noqa: BLE001 - the property is about which exceptions
         try:
-            check_clear(exc, *names)
+            check_clear_word(exc, *names)
         except AssertionError as err:
             shown = {k: (f"Tensor{tuple(v.shape)} {v.dtype} {v.device}" if isinstance(v, torch.Tensor) else v)
                      for k, v in kwargs.items()}

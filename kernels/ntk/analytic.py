@@ -148,7 +148,8 @@ def _relu_step(cov: Tensor, ntk: Tensor, v1: Tensor, v2: Tensor, w_var: float, b
 
 def _erf_step(cov: Tensor, ntk: Tensor, v1: Tensor, v2: Tensor, w_var: float, b_var: float,
               careful: bool = False):
-    """One Erf + Dense step (out of place), arguments as in :func:`_relu_step`.
+    """One Erf + Dense step, arguments as in :func:`_relu_step` (in place on ``ntk``
+    unless ``careful``, which the differentiable path sets).
 
     Williams (1997): with :math:`\\rho = 2c/\\sqrt{(1+2v_1)(1+2v_2)}`,
     :math:`E[\\mathrm{erf}(u)\\mathrm{erf}(u')] = \\frac{2}{\\pi}\\arcsin\\rho` and
@@ -158,6 +159,13 @@ def _erf_step(cov: Tensor, ntk: Tensor, v1: Tensor, v2: Tensor, w_var: float, b_
     """
     r1 = torch.rsqrt(1.0 + 2.0 * v1)
     r2 = torch.rsqrt(1.0 + 2.0 * v2)
+    if not careful:  # in place: nothing is differentiated here (cov is not modified)
+        rho = (cov * 2.0).mul_(r1).mul_(r2).clamp_(-1.0, 1.0)
+        one = torch.ones((), dtype=rho.dtype, device=rho.device)
+        inv_root = torch.addcmul(one, rho, rho, value=-1.0).clamp_min_(_TINY).rsqrt_()
+        ntk = ntk.mul_(inv_root).mul_(r1 * (w_var * 4.0 / math.pi)).mul_(r2)
+        new_cov = rho.arcsin_().mul_(w_var * 2.0 / math.pi).add_(b_var)
+        return new_cov, ntk.add_(new_cov)
     rho = (2.0 * cov * r1 * r2).clamp(-1.0, 1.0)
     inv_root = (1.0 - rho * rho).clamp_min(_TINY).rsqrt()
     new_cov = torch.arcsin(rho) * (w_var * 2.0 / math.pi) + b_var
@@ -296,24 +304,27 @@ def fc_kernel(
         var2 = var1 if x2 is None else step(var2, torch.zeros_like(var2), var2, var2, w_var,
                                            b_var, graph)[0]
 
-    def layer_one(r0: int, r1: int, c0: int) -> Tensor:
+    def layer_one(r0: int, r1: int, c0: int, graph: bool) -> Tensor:
         cov = (a[r0:r1] @ b[c0:].T) * (w_var / d) + b_var  # Sigma^(1)
         # A dot product of d terms is known only to about d ulps, so v1 v2 - c^2 of
         # (nearly) collinear inputs is rounding noise, whose square root would be an
         # angle of ~1e-8 instead of 0: within that noise, c is set to +-sqrt(v1 v2)
         # (exactly v at identical inputs, so that every later layer keeps phi = 0).
         prod = vars1[0][r0:r1, None] * vars2[0][None, c0:]
-        noise = (2.0 * (d + 2) * torch.finfo(torch.float64).eps) * prod
-        collinear = prod - cov * cov <= noise
-        cov = torch.where(collinear, torch.sign(cov) * _safe_sqrt(prod), cov)
+        collinear = (prod - cov * cov) <= (2.0 * (d + 2) * torch.finfo(torch.float64).eps) * prod
+        if graph or bool(collinear.any()):
+            cov = torch.where(collinear, torch.sign(cov) * _safe_sqrt(prod), cov)
         if x2 is None:  # the diagonal exactly Sigma^(1)(x, x), as in vars1[0]
+            if not graph:  # the block starts on the diagonal (c0 = r0)
+                cov.diagonal().copy_(vars1[0][r0:r1])
+                return cov
             rows = torch.arange(r0, r1, device=a.device)[:, None]
             cols = torch.arange(c0, b.shape[0], device=a.device)[None, :]
             cov = torch.where(rows == cols, vars1[0][r0:r1, None], cov)
         return cov
 
     def recursion(r0: int, r1: int, c0: int, careful: bool = False) -> tuple[Tensor, Tensor]:
-        cov = layer_one(r0, r1, c0)
+        cov = layer_one(r0, r1, c0, careful)
         ntk_block = cov  # Theta^(1)
         for v1, v2 in zip(vars1, vars2):
             cov, ntk_block = step(cov, ntk_block, v1[r0:r1, None], v2[None, c0:], w_var, b_var,
