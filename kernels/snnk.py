@@ -329,6 +329,8 @@ class SNNKAdapter(nn.Module):
     ) -> None:
         super().__init__()
         check_float_dtype("dtype", dtype)
+        check_positive_int("dim", dim)
+        check_positive_int("num_features", num_features)
         self.snnk = SNNKLinear(dim, dim, num_features, activation, bias=False, generator=generator, dtype=dtype)
         self.gate = nn.Parameter(torch.zeros(dim, dtype=dtype))
 
