@@ -16,7 +16,13 @@ runner blocks the network so that a silent download would fail loudly.
   used as it is after the same checks, which is also how data is placed by hand on a
   machine without internet; a bad one is named in the error with the command that
   deletes it. A download for which no checksum is published needs the user's
-  confirmation (``$NN_KERNELS_CONFIRM_UNPINNED=1``), and its digest is then recorded.
+  confirmation (``$NN_KERNELS_CONFIRM_UNPINNED=1``), and its size and digest are then
+  recorded beside it (``<file>.sha256``) and checked on every later use. A cached file
+  with neither a pinned nor a recorded checksum (placed by hand, or by an older version)
+  must have the length the server's Content-Length gives (a HEAD request); it is then
+  recorded, and a file of another length is refused with the ``rm`` command that
+  removes it. Offline it is used with a warning and checked once a server answers.
+  A transfer that ends at another length than the Content-Length is never accepted.
 * :func:`extract` -- a ``.zip`` or a (compressed) tar archive, recognised by content
   rather than by name (LRA's ``lra_release.gz`` is a gzipped tar). Members that would
   land outside the destination (absolute paths, ``..``), links and device files are
@@ -230,6 +236,52 @@ def _check_cached(path: Path, expected: Optional[str], size: Optional[int], *, d
     )
 
 
+def _server_length(url: str, timeout: float) -> Optional[int]:
+    """The server's Content-Length for ``url`` (a HEAD request), or None when the server
+    cannot be reached or sends none."""
+    request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": _USER_AGENT})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            length = response.headers.get("Content-Length")
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    return int(length) if length and length.isdigit() else None
+
+
+def _check_unrecorded(path: Path, url: str, *, timeout: float, dataset: str) -> None:
+    """A cached file with neither a pinned checksum nor a record of its first download
+    (copied by hand, or left by an older version): its length must match the server's
+    Content-Length, and its size and SHA-256 are then recorded; a file of another length
+    is refused with the command that removes it. Offline nothing can be checked: the
+    file is used with a warning and stays unrecorded until a check is possible."""
+    if urllib.parse.urlsplit(url).scheme.lower() not in ("http", "https"):
+        return
+    actual_size = path.stat().st_size
+    length = _server_length(url, timeout)
+    if length is None:
+        print(f"[{dataset}] warning: {path} has no pinned or recorded checksum and the server "
+              "gave no length to compare it with; it is used unverified", file=sys.stderr)
+        return
+    if actual_size != length:
+        raise ChecksumError(
+            f"{dataset}: the cached file {path} has {actual_size} bytes, but the server's "
+            f"Content-Length for {url} is {length}: it is truncated or not the file expected. "
+            f"Delete it and run again to download a fresh copy:\n    {_remove_command(path)}"
+        )
+    digest = sha256sum(path)
+    _write_record(path, digest, actual_size)
+    print(f"[{dataset}] no published checksum: recorded SHA-256 {digest} ({actual_size} bytes) "
+          f"of the cached file in {_record_path(path)}", file=sys.stderr)
+
+
+def _write_record(dest: Path, digest: str, size: int) -> None:
+    """Write ``<dest>.sha256`` atomically (a temporary file, then a rename)."""
+    record = _record_path(dest)
+    tmp = record.with_name(f".{record.name}.tmp")
+    tmp.write_text(f"{digest}  {size}\n")
+    os.replace(tmp, record)
+
+
 def _confirmed(confirm_unpinned: Optional[bool]) -> bool:
     if confirm_unpinned is not None:
         return bool(confirm_unpinned)
@@ -338,6 +390,8 @@ def download(
 
     if dest.is_file():
         _check_cached(dest, expected, size, dataset=dataset, url=url)
+        if expected is None and size is None and not _record_path(dest).is_file():
+            _check_unrecorded(dest, url, timeout=timeout, dataset=dataset)
         return dest
     if dest.exists():
         raise ValueError(f"dest must be a file path, but {dest} exists and is not a file")
@@ -393,7 +447,7 @@ def download(
         )
     os.replace(part, dest)
     if unpinned:
-        _record_path(dest).write_text(f"{actual}  {got}\n")
+        _write_record(dest, actual, got)
         print(f"[{dataset}] no published checksum: recorded SHA-256 {actual} ({got} bytes) in "
               f"{_record_path(dest)}; pass sha256={actual!r} to pin it", file=sys.stderr)
     if progress:
@@ -490,6 +544,10 @@ def _download_to_part(url: str, part: Path, dest: Path, *, size: Optional[int], 
                 continue
             if total is not None and done < total:
                 last_problem = f"the connection closed after {done} of {total} bytes"
+                continue
+            if total is not None and done != total:  # more than the server announced
+                out.truncate(0)
+                last_problem = f"the server sent {done} bytes but announced {total}"
                 continue
             break
         else:

@@ -3,8 +3,36 @@
 Every public function checks its inputs with these helpers so that bad input fails
 with a ``ValueError``/``TypeError`` naming the argument and what was expected,
 instead of a shape error deep inside torch. Internal helpers trust their callers.
-"""
 
+The rules (issue 30; every public function of ``kernels`` follows them, and
+``tests/test_properties.py`` draws dtypes, devices, shapes and values for each):
+
+* **Tensors** must be ``torch.Tensor`` (``TypeError`` otherwise, lists and NumPy arrays
+  included) on a device kernels computes on: CPU or CUDA (:mod:`kernels.device`); a
+  ``meta``, ``mps`` or other tensor is refused with a ``ValueError`` naming it.
+* **Data tensors** (inputs, weights, kernels, targets) must have a real floating dtype
+  (float32 or float64; float16/bfloat16 where the function says so). ``bool``,
+  integer and complex tensors are refused with a ``TypeError`` naming the argument.
+  The one exception is ``x`` of :func:`kernels.features.softmax_features`, which may
+  be complex (the random features of complex arguments that URFs are built from,
+  chapter 2). Entries must be finite unless the function documents what happens to
+  NaN or Inf.
+* **Index tensors** (cluster labels, hash codes, token ids) must have an integer dtype;
+  ``bool``, floating and complex tensors are refused (:func:`check_index_tensor`), and
+  the values must lie in the documented range (``ValueError``).
+* **Masks** may be bool, integer or real floating (0/1 values); complex is refused.
+* **Scalars**: counts and sizes are Python/NumPy integers > 0 (``bool`` refused,
+  :func:`check_positive_int`); real parameters are finite Python/NumPy reals (``bool``
+  and complex refused, NaN and Inf refused, :func:`check_positive_float`,
+  :func:`check_nonnegative_float`, :func:`check_real`); a 0-d real tensor on a
+  supported device counts as a real. Times of gradient flow
+  (:func:`kernels.ntk.mse_loss_curve`) are the exception that allows ``+inf``
+  (the limit of training), see :func:`check_times`.
+* **Modules and dtypes**: model arguments must be ``nn.Module`` instances
+  (:func:`check_module`); ``dtype`` arguments real floating ``torch.dtype`` objects
+  (:func:`check_float_dtype`), not strings.
+* **Choices** are exact strings from a documented set (:func:`check_choice`).
+"""
 from __future__ import annotations
 
 from typing import Any, Collection, Optional, Sequence
@@ -22,7 +50,34 @@ __all__ = [
     "check_positive_float",
     "check_choice",
     "check_same_feature_dim",
+    "check_index_tensor",
+    "check_real",
+    "check_times",
+    "check_dtype_kind",
+    "check_module",
+    "check_float_dtype",
 ]
+
+
+def check_dtype_kind(name: str, value: torch.Tensor, *, floating: bool = True,
+                     index: bool = False, complex_ok: bool = False) -> None:
+    """The dtype rules above: ``index`` -> an integer dtype; ``floating`` -> a real
+    floating dtype (``complex_ok``: or complex); otherwise real floating or integer.
+    ``bool`` is refused in every case, with its own message."""
+    dtype = value.dtype
+    if dtype == torch.bool:
+        want = "an integer" if index else "a floating-point" if floating else "a numeric"
+        raise TypeError(f"{name} must have {want} dtype, got a bool tensor (convert it with .long() or .double())")
+    if dtype.is_complex and not complex_ok:
+        raise TypeError(f"{name} must be real, got the complex dtype {dtype}")
+    if index:
+        if dtype.is_floating_point or dtype.is_complex:
+            raise TypeError(f"{name} must have an integer dtype (it holds indices), got {dtype}")
+        return
+    if floating and not (dtype.is_floating_point or (complex_ok and dtype.is_complex)):
+        raise TypeError(
+            f"{name} must have a floating-point dtype (float32 or float64), got {dtype}"
+        )
 
 
 def check_tensor(
@@ -32,9 +87,12 @@ def check_tensor(
     ndim: Optional[int | Sequence[int]] = None,
     floating: bool = True,
     finite: bool = True,
+    index: bool = False,
+    complex_ok: bool = False,
 ) -> torch.Tensor:
     """Check that ``value`` is a tensor on a supported device (CPU or CUDA, see
-    :mod:`kernels.device`) of the expected rank, dtype kind and finiteness."""
+    :mod:`kernels.device`) of the expected rank, dtype kind (:func:`check_dtype_kind`)
+    and finiteness."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     check_tensor_device(name, value)
@@ -45,13 +103,75 @@ def check_tensor(
             raise ValueError(
                 f"{name} must have {want} dimension(s), got shape {tuple(value.shape)}"
             )
-    if floating and not value.is_floating_point():
-        raise TypeError(
-            f"{name} must have a floating-point dtype (float32 or float64), got {value.dtype}"
-        )
-    if finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+    check_dtype_kind(name, value, floating=floating, index=index, complex_ok=complex_ok)
+    if finite and (value.is_floating_point() or value.is_complex()) and not bool(torch.isfinite(value).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
     return value
+
+
+def check_module(name: str, value: Any) -> Any:
+    """An ``nn.Module`` (``TypeError`` naming the argument otherwise)."""
+    from torch import nn
+
+    if not isinstance(value, nn.Module):
+        raise TypeError(f"{name} must be a torch.nn.Module, got {type(value).__name__}")
+    return value
+
+
+def check_float_dtype(name: str, value: Any, *, allow_none: bool = False) -> Optional[torch.dtype]:
+    """A real floating ``torch.dtype`` (``None`` too where ``allow_none``); strings such as
+    ``"float32"``, integer, bool and complex dtypes are refused."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point torch.dtype (torch.float32 or torch.float64), got {value!r}")
+    return value
+
+
+def check_index_tensor(name: str, value: Any, *, ndim: Optional[int | Sequence[int]] = None,
+                       low: Optional[int] = None, high: Optional[int] = None) -> torch.Tensor:
+    """An integer tensor of indices, with values in ``[low, high)`` where given."""
+    value = check_tensor(name, value, ndim=ndim, index=True, finite=False)
+    if value.numel() and low is not None and int(value.min()) < low:
+        raise ValueError(f"{name} must hold indices >= {low}, got {int(value.min())}")
+    if value.numel() and high is not None and int(value.max()) >= high:
+        raise ValueError(f"{name} must hold indices < {high}, got {int(value.max())}")
+    return value
+
+
+def check_real(name: str, value: Any) -> float:
+    """A finite real number: a Python/NumPy real or a 0-d real tensor (``bool``, complex
+    and strings refused)."""
+    return _check_real(name, value)
+
+
+def check_times(name: str, value: Any) -> tuple[torch.Tensor, bool]:
+    """Times of gradient flow: a real number or a 0-d/1-d real tensor (float or integer,
+    not bool or complex) of values in ``[0, +inf]`` (``+inf``: the limit of training);
+    NaN and negative times refused. Returns float64 CPU times and whether ``value`` was
+    a scalar."""
+    if isinstance(value, torch.Tensor):
+        check_tensor_device(name, value)
+        if value.ndim > 1:
+            raise ValueError(
+                f"{name} must be a scalar or a 1-D tensor of times, got shape {tuple(value.shape)}"
+            )
+        check_dtype_kind(name, value, floating=False)
+        scalar = value.ndim == 0
+        times = value.detach().to("cpu", torch.float64).reshape(-1)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) or (
+        hasattr(value, "__float__") and not isinstance(value, (bool, complex, str))
+        and hasattr(value, "dtype") and getattr(value.dtype, "kind", "") in "iuf"
+    ):
+        scalar = True
+        times = torch.tensor([float(value)], dtype=torch.float64)
+    else:
+        raise TypeError(f"{name} must be a real number or a tensor of times, got {value!r}")
+    if bool(torch.isnan(times).any()) or bool((times < 0).any()):
+        raise ValueError(
+            f"{name} must hold non-negative times (inf allowed), got NaN or a negative value"
+        )
+    return times, scalar
 
 
 def check_positive_int(name: str, value: Any) -> int:
@@ -65,8 +185,15 @@ def check_positive_int(name: str, value: Any) -> int:
 
 
 def _check_real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(
-        value, "__float__"
+    if isinstance(value, torch.Tensor):  # a 0-d real tensor on a supported device
+        check_tensor_device(name, value)
+        if value.ndim != 0 or value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{name} must be a real number, got a {value.dtype} tensor of shape {tuple(value.shape)}")
+        value = value.item()
+    if (
+        isinstance(value, (bool, complex, str))
+        or getattr(getattr(value, "dtype", None), "kind", "") in ("b", "c")
+        or not isinstance(value, (int, float)) and not hasattr(value, "__float__")
     ):
         raise TypeError(f"{name} must be a real number, got {value!r}")
     out = float(value)

@@ -71,6 +71,8 @@ def resolve_device(device: Optional[Union[str, torch.device]] = None) -> torch.d
 
 def check_tensor_device(name: str, value: Any) -> None:
     """Refuse a tensor on a device kernels does not compute on (``meta``, ``mps``, ...)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     kind = value.device.type
     if kind not in SUPPORTED_DEVICE_TYPES:
         raise ValueError(

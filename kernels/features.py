@@ -221,9 +221,10 @@ def softmax_features(
     Computed in log space; a :class:`FeatureOverflowWarning` says when the dtype's range is
     exceeded and how to fix it. Chapter 2, section "Positive random features".
     """
-    check_tensor("x", x, floating=False)
-    if not (x.is_floating_point() or x.is_complex()):
-        raise TypeError(f"x must be a floating or complex tensor, got {x.dtype}")
+    # complex x is meaningful here (eq. 8 is analytic in x; chapter 2's URF section
+    # uses it, and the result is then complex), so it is the one documented exception
+    # to the "real floating" rule of kernels._checks.
+    check_tensor("x", x, complex_ok=True)
     check_tensor("projections", projections, ndim=2)
     check_nonempty("projections", projections, 0, "row (random feature)")
     if x.shape[-1] != projections.shape[-1]:

@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels._checks import check_choice, check_positive_int, check_tensor, cpu_generator
+from kernels._checks import check_choice, check_index_tensor, check_positive_int, check_tensor, cpu_generator
 from kernels.linear import CompressedLinear, LowRankLinear
 from kernels.surgery import bert_layers, find_ffn_sites
 
@@ -298,8 +298,7 @@ def clustering_matrix(labels: Tensor, k: int) -> Tensor:
     ``labels``: ``(p_I,)`` integers in ``[0, k)``. Returns ``(k, p_I)`` float64.
     Chapter 6, section "Clustering the sub-MLPs".
     """
-    if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.ndim != 1:
-        raise TypeError("labels must be a 1-D integer torch.Tensor")
+    labels = check_index_tensor("labels", labels, ndim=1)
     k = check_positive_int("k", k)
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= k):
         raise ValueError(f"labels must lie in [0, {k}), got values in [{int(labels.min())}, {int(labels.max())}]")

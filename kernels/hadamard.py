@@ -49,7 +49,14 @@ import torch
 from torch import Tensor, nn
 
 from kernels import _ext
-from kernels._checks import check_choice, check_positive_int, check_tensor
+from kernels._checks import (
+    check_choice,
+    check_dtype_kind,
+    check_float_dtype,
+    check_positive_int,
+    check_tensor,
+)
+from kernels.device import check_tensor_device
 
 __all__ = [
     "is_power_of_two",
@@ -114,6 +121,7 @@ def hadamard_matrix(
 def dct_matrix(d: int, dtype: torch.dtype = torch.float64) -> Tensor:
     """Orthonormal DCT-II matrix ``C`` (``(d, d)``) acting on row vectors: ``x @ C`` is
     the DCT of ``x`` and ``C.T`` its inverse (scipy's ``dct(x, norm='ortho')``)."""
+    check_float_dtype("dtype", dtype)
     d = check_positive_int("d", d)
     n = torch.arange(d, dtype=torch.float64)
     c = torch.cos(math.pi * (n[:, None] + 0.5) * n[None, :] / d) * math.sqrt(2.0 / d)
@@ -127,8 +135,16 @@ def fwht_torch(x: Tensor, normalized: bool = True) -> Tensor:
     Stage with span ``h`` views the rows as ``(..., d/(2h), 2, h)`` and replaces the
     pair ``(a, b)`` by ``(a + b, a - b)``. Each stage reads and writes the whole tensor,
     so it is memory-bound: :math:`O(d \\log d)` work but ``log2 d`` passes over memory.
-    Works on any device and dtype, differentiable by autograd. No argument checks.
+    Works on any supported device and real dtype, differentiable by autograd. Only the
+    cheap checks that need no device sync (type, device, dtype kind, rank, a power-of-two
+    length): a bool, complex or meta ``x`` is refused by name.
     """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_tensor_device("x", x)
+    check_dtype_kind("x", x, floating=False)
+    if x.ndim == 0 or not is_power_of_two(x.shape[-1]):
+        raise ValueError(f"x's last dimension must be a power of two, got shape {tuple(x.shape)}")
     d = x.shape[-1]
     lead = x.shape[:-1]
     out = x.reshape(-1, d)
@@ -208,6 +224,8 @@ def fwht_backend(x: Tensor, backend: str = "auto") -> str:
     check_choice("backend", backend, FWHT_BACKENDS)
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_tensor_device("x", x)
+    check_dtype_kind("x", x, floating=False)
     eligible = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
     if backend == "torch":
         return "torch"

@@ -79,6 +79,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels._checks import (
+    check_float_dtype,
     check_choice,
     check_nonnegative_float,
     check_positive_int,
@@ -178,6 +179,7 @@ def _check_z_tables(z: Any, tables: Any, same_dtype: bool = True) -> tuple[int, 
 def sign_matrix(tau: int, dtype: torch.dtype = torch.float64) -> Tensor:
     """:math:`S \\in \\{\\pm1\\}^{2^\\tau \\times \\tau}` of eq. 9: row ``i`` is the binary
     representation of ``i`` (bit ``j`` -> column ``j``, set -> +1, clear -> -1)."""
+    check_float_dtype("dtype", dtype)
     tau = _check_tau(tau)
     if tau > 20:
         raise ValueError(f"sign_matrix is for checks; tau={tau} would have 2**{tau} rows")
@@ -844,6 +846,7 @@ class VanillaFFN(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        check_float_dtype("dtype", dtype)
         self.d_model = check_positive_int("d_model", d_model)
         self.hidden = check_positive_int("hidden", hidden)
         self.w1 = nn.Parameter(torch.randn(d_model, hidden, generator=generator, dtype=dtype) / math.sqrt(d_model))
@@ -908,6 +911,7 @@ class Top1MoEFFN(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        check_float_dtype("dtype", dtype)
         self.d_model = check_positive_int("d_model", d_model)
         self.hidden = check_positive_int("hidden_per_expert", hidden_per_expert)
         self.experts = check_positive_int("experts", experts)

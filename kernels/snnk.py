@@ -53,6 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from kernels._checks import (
+    check_float_dtype,
     check_nonempty,
     check_nonnegative_float,
     check_positive_float,
@@ -86,6 +87,9 @@ FeatureMap = Union[URFMap, ReLUMap]
 
 def count_trainable(module: nn.Module) -> int:
     """Number of trainable (``requires_grad``) parameters of a module."""
+    from kernels._checks import check_module
+
+    check_module("module", module)
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
@@ -324,6 +328,9 @@ class SNNKAdapter(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        check_float_dtype("dtype", dtype)
+        check_positive_int("dim", dim)
+        check_positive_int("num_features", num_features)
         self.snnk = SNNKLinear(dim, dim, num_features, activation, bias=False, generator=generator, dtype=dtype)
         self.gate = nn.Parameter(torch.zeros(dim, dtype=dtype))
 

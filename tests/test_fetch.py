@@ -85,6 +85,14 @@ class Handler(BaseHTTPRequestHandler):
             return
         self.wfile.write(rest)
 
+    def do_HEAD(self) -> None:
+        srv: FlakyServer = self.server  # type: ignore[assignment]
+        srv.requests.append({"method": "HEAD"})
+        self.send_response(200)
+        if srv.content_length:
+            self.send_header("Content-Length", str(len(srv.body)))
+        self.end_headers()
+
 
 def _serve(**kwargs) -> Iterator[FlakyServer]:
     server = FlakyServer(**kwargs)
@@ -172,6 +180,37 @@ def test_bad_cached_file_is_named_with_the_command_to_fix_it(tmp_path: Path) -> 
         download("http://127.0.0.1:9/data.bin", dest, sha256=DIGEST, size=len(PAYLOAD), progress=False)
     message = str(info.value)
     assert str(dest) in message and f"rm {shlex.quote(str(dest))}" in message and "1000 bytes" in message
+
+
+def test_unrecorded_truncated_cached_file_is_refused_with_the_removal_command(tmp_path: Path) -> None:
+    # A file put in the cache by hand (or by an older version) has no pinned checksum and
+    # no record: its length is compared with the server's Content-Length (issue 30).
+    dest = tmp_path / "cache" / "data.bin"
+    dest.parent.mkdir()
+    dest.write_bytes(PAYLOAD[: len(PAYLOAD) // 2])
+    for server in _serve(drops=0, content_length=True, ranges=True):
+        with pytest.raises(ChecksumError) as info:
+            download(server.url, dest, progress=False)
+        message = str(info.value)
+        assert f"rm {shlex.quote(str(dest))}" in message and str(len(PAYLOAD)) in message
+        assert not (tmp_path / "cache" / "data.bin.sha256").exists()
+        # the complete file is accepted, and its size and digest recorded for later uses
+        dest.write_bytes(PAYLOAD)
+        assert download(server.url, dest, progress=False) == dest
+        assert [r.get("method") for r in server.requests] == ["HEAD", "HEAD"]
+    assert (tmp_path / "cache" / "data.bin.sha256").read_text().split() == [DIGEST, str(len(PAYLOAD))]
+    dest.write_bytes(PAYLOAD[:-5])  # later truncated: refused offline too, from the record
+    with pytest.raises(ChecksumError, match="recorded at its first download") as info:
+        download("http://127.0.0.1:9/data.bin", dest, progress=False)
+    assert f"rm {shlex.quote(str(dest))}" in str(info.value)
+
+
+def test_unrecorded_cached_file_offline_is_used_with_a_warning(tmp_path: Path, capsys) -> None:
+    dest = tmp_path / "data.bin"
+    dest.write_bytes(PAYLOAD)
+    assert download("http://127.0.0.1:9/data.bin", dest, progress=False, timeout=2) == dest
+    assert "unverified" in capsys.readouterr().err
+    assert not (tmp_path / "data.bin.sha256").exists()  # checked once a server answers
 
 
 def test_bad_cached_archive_is_named_not_reused_forever(tmp_path: Path) -> None:

@@ -202,6 +202,8 @@ PUBLIC_API = {
     "kernels._checks": [
         "check_choice", "check_nonempty", "check_nonnegative_float", "check_positive_float",
         "check_positive_int", "check_same_dtype", "check_same_feature_dim", "check_tensor",
+        "check_dtype_kind", "check_float_dtype", "check_index_tensor", "check_module",
+        "check_real", "check_times",
     ],
     "kernels._ext": [
         "DEBUG_ENV_VAR", "DEFAULT_TIMEOUT_S", "SOURCE", "TIMEOUT_ENV_VAR", "build",

@@ -364,3 +364,235 @@ def test_compiled_paths_in_a_subprocess() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# --------------------------------------------------------------------------- the API sweep
+# Issue 30: every public callable of ``kernels`` (each module's ``__all__``) gets drawn
+# arguments -- tensors of every dtype kind (real, integer, bool, complex), on cpu, meta
+# and cuda (when present), of any rank and value class; scalars valid or not -- and
+# must either return or raise a ValueError/TypeError whose message names one of its
+# arguments. Module classes are swept twice: their constructor, and ``forward`` of a
+# valid instance. A bool, complex or meta tensor must never be accepted silently
+# (softmax_features' complex ``x`` and masks are documented exceptions).
+import dataclasses  # noqa: E402
+import inspect  # noqa: E402
+import warnings  # noqa: E402
+
+from torch import nn  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import features as _features, ffn as _ffn, fusion as _fusion  # noqa: E402
+from kernels import linear as _linear, surgery as _surgery  # noqa: E402
+from kernels import hadamard as _hadamard, lookup as _lookup, ntk as _ntk  # noqa: E402
+from kernels import snnk as _snnk, toeplitz as _toeplitz  # noqa: E402
+from strategies import any_tensor, check_clear_word, sweep_arguments  # noqa: E402
+
+SWEPT_MODULES = {"kernels": kernels, "device": device, "features": _features, "ffn": _ffn,
+                 "fusion": _fusion, "hadamard": _hadamard, "lookup": _lookup, "ntk": _ntk,
+                 "snnk": _snnk, "toeplitz": _toeplitz, "linear": _linear, "surgery": _surgery}
+#: Public callables the sweep does not call, and why.
+NOT_SWEPT = {
+    "kernels.PackageCollisionWarning": "a warning class",
+    "features.FeatureOverflowWarning": "a warning class",
+    "snnk.BundlingBiasWarning": "a warning class",
+    "lookup.LookupGatherFunction": "an autograd.Function: swept through lookup_gather",
+}
+#: Callables the sweep still finds unclear errors in (issue 30, round 2 left these open):
+#: each is an xfail until fixed, so the list is the to-do.
+SWEEP_GAPS = {
+    "ffn.FFNModule": "junk linear1/linear2 modules fail inside torch",
+    "ffn.distill": "some drawn inputs fail inside torch",
+    "ffn.multiply_adds": "some modules fail inside torch",
+    "ffn.replace_ffns": "junk replacements fail inside torch",
+    "fusion.compress_sequential": "the error names `model`, the argument is `mlp`",
+    "fusion.ffn_output_error": "non-callable ffn_ref/ffn_new not checked",
+    "fusion.layerwise_tuning": "junk batches fail inside torch",
+    "fusion.mlp_parameter_count": "some modules fail inside torch",
+    "ntk.linear_gram_ntk": "some modules fail inside torch",
+    "snnk.BundledNetwork": "junk feature_maps fail inside torch",
+    "snnk.FeatureTower": "feature_maps=None: TypeError not naming it",
+    "toeplitz.frequency_response_decay": "some modules fail inside torch",
+    "features.ReLUMap.forward": "no forward (use .features/.psi): nn.Module's NotImplementedError",
+    "features.URFMap.forward": "no forward (use .features/.psi): nn.Module's NotImplementedError",
+    "ffn.FFNModule.forward": "x not checked",
+    "surgery.FFNModule": "junk linear1/linear2 modules fail inside torch",
+    "surgery.FFNModule.forward": "x not checked",
+    "surgery.replace_ffns": "junk replacements fail inside torch",
+    "surgery.capture_ffn_io": "junk sites/models fail inside torch",
+    "surgery.set_submodule": "junk model/path fail inside torch (AttributeError)",
+    "linear.CompressedLinear.forward": "x not checked",
+    "linear.LowRankLinear.forward": "x not checked",
+    "fusion.CompressedLinear.forward": "x not checked",
+    "fusion.LowRankLinear.forward": "x not checked",
+    "hadamard.DenseProjection.forward": "x's dtype not checked against the weights",
+    "lookup.BlockDiagonalFFN.forward": "x not checked",
+    "lookup.Top1MoEFFN.forward": "x not checked",
+    "lookup.VanillaFFN.forward": "x not checked",
+    "ntk.Erf.forward": "x not checked",
+    "ntk.LinearizedModel.forward": "x not checked",
+    "ntk.NTKLinear.forward": "x not checked",
+    "snnk.BottleneckAdapter.forward": "x not checked",
+    "snnk.BundledNetwork.forward": "0-d x: IndexError",
+    "snnk.FeedForward.forward": "0-d x fails inside torch",
+    "snnk.SNNKLinear.forward": "0-d x: IndexError",
+    "toeplitz.GLU.forward": "x not checked",
+    "toeplitz.GTU.forward": "bool x fails inside torch",
+    "toeplitz.TNNBlock.forward": "x not checked",
+}
+#: Arguments where a tensor of that kind is documented as accepted.
+ACCEPTS_COMPLEX = {("features.softmax_features", "x")}
+ACCEPTS_BOOL = {("fusion.CompressedLinear", "mask"), ("linear.CompressedLinear", "mask"),
+                ("fusion.ffn_output_error", "mask")}
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+def _instances() -> dict:
+    """A small valid instance of every public nn.Module class, and its input shape."""
+    from kernels.hadamard import ACDCProjection, BH4, DenseProjection
+
+    g = _gen
+    lin = nn.Linear(4, 6, dtype=torch.float64)
+    fmap = _snnk.make_feature_map(4, "relu", 8, generator=g(), dtype=torch.float64)
+    return {
+        "ntk.NTKLinear": lambda: _ntk.NTKLinear(4, 3, generator=g(), dtype=torch.float64),
+        "ntk.Erf": lambda: _ntk.Erf(),
+        "ntk.LinearizedModel": lambda: _ntk.LinearizedModel(_ntk.fc_network(4, 8, 1, generator=g())),
+        "features.URFMap": lambda: _features.URFMap(4, "sin", 8, generator=g(), dtype=torch.float64),
+        "features.ReLUMap": lambda: _features.ReLUMap(4, 8, generator=g(), dtype=torch.float64),
+        "linear.CompressedLinear": lambda: _linear.CompressedLinear(torch.randn(3, 4, dtype=torch.float64), None),
+        "linear.LowRankLinear": lambda: _linear.LowRankLinear(torch.randn(3, 2, dtype=torch.float64),
+                                                              torch.randn(2, 4, dtype=torch.float64), None),
+        "fusion.FFNBlock": None,
+        "fusion.CompressedLinear": lambda: _linear.CompressedLinear(torch.randn(3, 4, dtype=torch.float64), None),
+        "fusion.LowRankLinear": lambda: _linear.LowRankLinear(torch.randn(3, 2, dtype=torch.float64),
+                                                              torch.randn(2, 4, dtype=torch.float64), None),
+        "ffn.FFNModule": lambda: _surgery.FFNModule(nn.Linear(4, 6, dtype=torch.float64), nn.GELU(),
+                                                    nn.Linear(6, 4, dtype=torch.float64)),
+        "hadamard.DenseProjection": lambda: DenseProjection(4, 4, generator=g(), dtype=torch.float64),
+        "hadamard.ACDCProjection": lambda: ACDCProjection(4, 4, generator=g(), dtype=torch.float64),
+        "hadamard.BHProjection": lambda: _hadamard.BHProjection(4, 4, block=4, generator=g(), dtype=torch.float64),
+        "lookup.LookupFFN": lambda: _lookup.LookupFFN(4, 2, 2, block=4, generator=g(), dtype=torch.float64),
+        "lookup.VanillaFFN": lambda: _lookup.VanillaFFN(4, 8, generator=g(), dtype=torch.float64),
+        "lookup.BlockDiagonalFFN": lambda: _lookup.BlockDiagonalFFN(4, 8, generator=g(), dtype=torch.float64),
+        "lookup.Top1MoEFFN": lambda: _lookup.Top1MoEFFN(4, 4, generator=g(), dtype=torch.float64),
+        "lookup.LSHSparseFFN": lambda: _lookup.LSHSparseFFN(4, 8, 2, 2, generator=g(), dtype=torch.float64),
+        "snnk.SNNKLinear": lambda: _snnk.SNNKLinear(4, 3, 8, generator=g(), dtype=torch.float64),
+        "snnk.FeedForward": lambda: _snnk.FeedForward(lin, "relu"),
+        "snnk.SNNKAdapter": lambda: _snnk.SNNKAdapter(4, 8, generator=g(), dtype=torch.float64),
+        "snnk.BottleneckAdapter": lambda: _snnk.BottleneckAdapter(4, 2, generator=g(), dtype=torch.float64),
+        "snnk.BundledNetwork": lambda: _snnk.BundledNetwork([fmap], torch.randn(3, fmap.num_features if hasattr(fmap, "num_features") else 8, dtype=torch.float64)),
+        "snnk.FeatureTower": lambda: _snnk.FeatureTower(fmap),
+        "toeplitz.TNO": lambda: _toeplitz.TNO(4, generator=g(), dtype=torch.float64),
+        "toeplitz.PiecewiseLinearRPE": lambda: _toeplitz.PiecewiseLinearRPE(4, 5, generator=g(), dtype=torch.float64),
+        "toeplitz.SKITNO": lambda: _toeplitz.SKITNO(4, rank=4, filter_size=4, generator=g(), dtype=torch.float64),
+        "toeplitz.FDTNO": lambda: _toeplitz.FDTNO(4, generator=g(), dtype=torch.float64),
+        "toeplitz.GTU": lambda: _toeplitz.GTU(4, 4, _toeplitz.TNO(4, generator=g(), dtype=torch.float64), generator=g(), dtype=torch.float64),
+        "toeplitz.GLU": lambda: _toeplitz.GLU(4, 4, generator=g(), dtype=torch.float64),
+        "toeplitz.TNNBlock": lambda: _toeplitz.TNNBlock(4, generator=g(), dtype=torch.float64),
+        "toeplitz.TNNEncoder": lambda: _toeplitz.TNNEncoder(10, 4, 1, generator=g(), dtype=torch.float64),
+        "surgery.FFNModule": lambda: _surgery.FFNModule(nn.Linear(4, 6, dtype=torch.float64), nn.GELU(),
+                                                nn.Linear(6, 4, dtype=torch.float64)),
+    }
+
+
+def public_callables() -> dict:
+    """``module.name`` -> object for every public callable of ``kernels``."""
+    out = {}
+    for mod_name, mod in SWEPT_MODULES.items():
+        for name in getattr(mod, "__all__", []):
+            obj = getattr(mod, name)
+            if callable(obj) and not isinstance(obj, (torch.dtype, str)):
+                out[f"{mod_name}.{name}"] = obj
+    return out
+
+
+def _kind(obj) -> str:
+    if inspect.isclass(obj):
+        if issubclass(obj, BaseException):
+            return "exception"
+        if issubclass(obj, nn.Module):
+            return "module"
+        if dataclasses.is_dataclass(obj) or issubclass(obj, tuple):
+            return "record"
+        return "class"
+    return "function"
+
+
+def _records() -> set:
+    return {k for k, v in public_callables().items() if _kind(v) == "record"}
+
+
+def test_the_sweep_covers_every_public_callable() -> None:
+    found = public_callables()
+    instances = _instances()
+    missing = [k for k, v in found.items() if k not in NOT_SWEPT and _kind(v) == "module"
+               and k not in instances]
+    assert not missing, f"public nn.Modules without a sweep instance: {missing}"
+    assert set(NOT_SWEPT) <= set(found), set(NOT_SWEPT) - set(found)
+    assert {k for k, v in found.items() if _kind(v) == "exception"} <= set(NOT_SWEPT)
+    # every kernels module with public functions is in the sweep
+    import pkgutil
+    names = {m.name for m in pkgutil.iter_modules(kernels.__path__) if not m.name.startswith("_")}
+    assert names <= set(SWEPT_MODULES), names - set(SWEPT_MODULES)
+
+
+SWEEP_SETTINGS = settings(max_examples=12, deadline=None, database=None, derandomize=True,
+                          suppress_health_check=list(HealthCheck))
+
+
+def _call_or_clear(label: str, fn, kwargs: dict, names: list[str]) -> None:
+    if "name" in kwargs:  # check_tensor_device(name, value) and the like name `name`
+        names = [*names, str(kwargs["name"])]
+    if label in SWEEP_GAPS:
+        pytest.xfail(f"issue 30, not yet fixed: {SWEEP_GAPS[label]}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - the property is about which exceptions
+        try:
+            check_clear_word(exc, *names)
+        except AssertionError as err:
+            shown = {k: (f"Tensor{tuple(v.shape)} {v.dtype} {v.device}" if isinstance(v, torch.Tensor) else v)
+                     for k, v in kwargs.items()}
+            raise AssertionError(f"{label}({shown}): {err}") from exc
+        return
+    for name, value in kwargs.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        shown = f"{label}({name}: {value.dtype} on {value.device})"
+        assert value.device.type != "meta", f"{shown} was accepted"
+        if value.dtype.is_complex:
+            assert (label, name) in ACCEPTS_COMPLEX, f"{shown} was accepted"
+        if value.dtype == torch.bool:
+            assert (label, name) in ACCEPTS_BOOL, f"{shown} was accepted"
+
+
+def _sweep_ids() -> list[str]:
+    found = public_callables()
+    return sorted(k for k, v in found.items() if k not in NOT_SWEPT and _kind(v) != "exception")
+
+
+@pytest.mark.parametrize("label", _sweep_ids())
+@SWEEP_SETTINGS
+@given(data=st.data())
+def test_api_sweep(label, data) -> None:
+    fn = public_callables()[label]
+    if label in _records():
+        return  # plain records (dataclasses, named tuples): nothing to validate
+    kwargs = data.draw(sweep_arguments(fn.__init__ if inspect.isclass(fn) else fn))
+    names = [p for p in inspect.signature(fn).parameters]
+    _call_or_clear(label, fn, kwargs, names)
+
+
+@pytest.mark.parametrize("label", sorted(k for k, v in _instances().items() if v is not None))
+@SWEEP_SETTINGS
+@given(data=st.data())
+def test_api_sweep_forward(label, data) -> None:
+    module = _instances()[label]()
+    kwargs = data.draw(sweep_arguments(module.forward))
+    names = [p for p in inspect.signature(module.forward).parameters]
+    _call_or_clear(f"{label}.forward", module, kwargs, names)

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor, nn
 from torch.func import jvp
 
-from kernels._checks import check_positive_float, check_tensor
+from kernels._checks import check_module, check_positive_float, check_tensor, check_times
 from kernels.ntk.empirical import _call_with, _substitution_names
 
 __all__ = [
@@ -185,32 +184,15 @@ def _decay_and_gain(
 
 
 
-def _check_times(t: object, discrete: bool = False) -> tuple[Tensor, bool]:
-    """Times as a float64 1-D tensor and whether the input was a scalar; with
+def _check_times(t: object, discrete: bool = False, name: str = "t") -> tuple[Tensor, bool]:
+    """Times as a float64 1-D tensor and whether the input was a scalar
+    (:func:`kernels._checks.check_times`: real, not bool or complex, in [0, inf]); with
     ``discrete`` the finite times must be whole numbers of steps."""
-    if isinstance(t, Tensor):
-        if t.ndim > 1:
-            raise ValueError(
-                f"t must be a scalar or a 1-D tensor of times, got shape {tuple(t.shape)}"
-            )
-        if t.is_complex():
-            raise TypeError(f"t must be real, got dtype {t.dtype}")
-        scalar = t.ndim == 0
-        times = t.detach().to("cpu", torch.float64).reshape(-1)
-    elif isinstance(t, numbers.Real) and not isinstance(t, bool):
-        scalar = True
-        times = torch.tensor([float(t)], dtype=torch.float64)
-    else:
-        raise TypeError(f"t must be a float or a tensor of times, got {type(t).__name__}")
-    if bool(torch.isnan(times).any()) or bool((times < 0).any()):
-        raise ValueError(
-            "t must hold non-negative times (inf allowed), got NaN or a negative value"
-        )
+    times, scalar = check_times(name, t)
     finite = times[torch.isfinite(times)]
     if discrete and bool((finite != finite.round()).any()):
-        raise ValueError("t must hold whole numbers of steps when discrete=True")
+        raise ValueError(f"{name} must hold whole numbers of steps when discrete=True")
     return times, scalar
-
 
 
 def gd_mse_predictor(
@@ -367,7 +349,7 @@ def mse_loss_curve(
         ntk_train_train, y_train, f0_train, learning_rate
     )
     discrete = _check_discrete(discrete)
-    t, scalar = _check_times(times, discrete)
+    t, scalar = _check_times(times, discrete, name="times")
     n = ntk_train_train.shape[0]
     evals, _, positive, _, residual = _train_spectrum(ntk_train_train, y_train, f0_train)
     # ||v_k^T dy||^2 with dy = Y - f0 = -residual_k.
@@ -499,6 +481,7 @@ class LinearizedModel(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
+        check_module("model", model)
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         if not names:
             raise ValueError("model has no trainable parameter (requires_grad=True)")
