@@ -539,7 +539,7 @@ def test_the_sweep_covers_every_public_callable() -> None:
     assert names <= set(SWEPT_MODULES), names - set(SWEPT_MODULES)
 
 
-SWEEP_SETTINGS = settings(max_examples=12, deadline=None, database=None, derandomize=True,
+SWEEP_SETTINGS = settings(max_examples=6, deadline=None, database=None, derandomize=True,
                           suppress_health_check=list(HealthCheck))
 
 
