@@ -10,7 +10,7 @@ the total length, the first ``E`` epochs of this run *are* an ``E``-epoch run, s
 gives the verdict (``nnk_book.stats.verdict``, 95 % intervals over the seeds) at every
 training length up to ``--epochs``. The length where the verdict settles is the smallest
 ``E`` with the same verdict at every length from ``E`` to the end, and the end at least
-``2 E``. Writes ``book/runs/02_random_features.adapter_epochs.json`` (atomically) with the
+``2 E``. Writes ``book/runs/sweeps/02_random_features.adapter_epochs.json`` (atomically) with the
 date, commit and machine; the chapter reads it in its adapter section.
 """
 
@@ -33,7 +33,7 @@ from nnk_book.files import atomic_write_text  # noqa: E402
 from nnk_book.stats import mean_interval, verdict  # noqa: E402
 
 CHAPTER = "02_random_features"
-OUT = ROOT / "book" / "runs" / f"{CHAPTER}.adapter_epochs.json"
+OUT = ROOT / "book" / "runs" / "sweeps" / f"{CHAPTER}.adapter_epochs.json"
 #: the other sections at a token size (the adapters do not depend on them)
 SMALL = {"softmax_draws": 2000, "fig2_instantiations": 2, "fig2_features": [8, 16], "arccos_draws": 2000,
          "siren_steps": 20, "mlp_epochs": 2}
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "by_epoch": rows,
         "curves": curves,
     }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}: settled after {settled} epochs, verdict {rows[(settled or args.epochs) - 1]['verdict']}")
     return 0
