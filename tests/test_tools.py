@@ -206,9 +206,11 @@ def test_adapter_epoch_sweep_settles_where_the_verdict_stops_changing() -> None:
 
     assert settled_length(["tied"] * 10 + ["ahead"] * 30) == 11
     assert settled_length(["ahead"] * 5) == 1
-    assert settled_length(["tied"] * 30 + ["ahead"] * 10) is None  # the end is not twice the settled length
-    assert settled_length(["tied", "ahead"] * 10) is None
-    assert settled_length(["ahead", "tied", "ahead", "ahead"]) is None  # settles at 3, the end 4 < 6
+    assert settled_length(["tied"] * 30 + ["ahead"] * 10) == 31
+    assert settled_length(["tied", "ahead"] * 10) == 20
+    assert settled_length(["ahead", "tied", "ahead", "ahead"]) == 3
+    with pytest.raises(ValueError, match="verdicts"):
+        settled_length([])
     # per epoch: verdict of the SNNK adapter against the bottleneck by the 95% intervals over 3 seeds
     curves = {"snnk": [[0.5, 0.80, 0.90], [0.6, 0.81, 0.91], [0.4, 0.79, 0.92]],
               "bottleneck": [[0.5, 0.80, 0.70], [0.4, 0.90, 0.71], [0.6, 0.70, 0.72]],

@@ -9,8 +9,8 @@ test accuracy after each epoch. Because the batch order of epoch ``e`` does not 
 the total length, the first ``E`` epochs of this run *are* an ``E``-epoch run, so one run
 gives the verdict (``nnk_book.stats.verdict``, 95 % intervals over the seeds) at every
 training length up to ``--epochs``. The length where the verdict settles is the smallest
-``E`` with the same verdict at every length from ``E`` to the end, and the end at least
-``2 E``. Writes ``book/runs/sweeps/02_random_features.adapter_epochs.json`` (atomically) with the
+``E`` with the same verdict at every length from ``E`` to the end; the record also holds how
+much longer than ``E`` the sweep ran (``end_over_settled``: the evidence that it stays). Writes ``book/runs/sweeps/02_random_features.adapter_epochs.json`` (atomically) with the
 date, commit and machine; the chapter reads it in its adapter section.
 """
 
@@ -42,13 +42,14 @@ ADAPTER_KEYS = ("adapter_layers", "adapter_features", "adapter_bottleneck", "ada
                 "adapter_test_per_class", "adapter_lr", "adapter_seeds")
 
 
-def settled_length(verdicts: list[str]) -> int | None:
-    """Smallest length E (1-based) whose verdict holds at every length up to the end, the end >= 2 E."""
-    n = len(verdicts)
-    e = n
+def settled_length(verdicts: list[str]) -> int:
+    """Smallest length E (1-based) whose verdict holds at every length up to the end."""
+    if not verdicts:
+        raise ValueError("verdicts must not be empty")
+    e = len(verdicts)
     while e > 1 and verdicts[e - 2] == verdicts[-1]:
         e -= 1
-    return e if 2 * e <= n else None
+    return e
 
 
 def by_epoch(curves: dict[str, list[list[float]]]) -> list[dict]:
@@ -105,12 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": {**{k: params[k] for k in ADAPTER_KEYS}, "seed": args.seed},
         "epochs_max": args.epochs,
         "settled_epochs": settled,
+        "end_over_settled": args.epochs / settled,
         "by_epoch": rows,
         "curves": curves,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
-    print(f"wrote {args.out}: settled after {settled} epochs, verdict {rows[(settled or args.epochs) - 1]['verdict']}")
+    print(f"wrote {args.out}: verdict {rows[-1]['verdict']} from {settled} epochs to the end ({args.epochs})")
     return 0
 
 
