@@ -198,3 +198,24 @@ def test_limit_cpus_pins_existing_and_new_threads_and_children() -> None:
     with pytest.raises(ValueError, match="threads"):
         _harness.limit_cpus(0)
     assert _harness.limit_cpus(len(os.sched_getaffinity(0))).startswith("all ")  # nothing to restrict
+
+
+def test_adapter_epoch_sweep_settles_where_the_verdict_stops_changing() -> None:
+    sys.path.insert(0, str(ROOT / "book" / "tools"))
+    from record_adapter_epochs import by_epoch, settled_length
+
+    assert settled_length(["tied"] * 10 + ["ahead"] * 30) == 11
+    assert settled_length(["ahead"] * 5) == 1
+    assert settled_length(["tied"] * 30 + ["ahead"] * 10) == 31
+    assert settled_length(["tied", "ahead"] * 10) == 20
+    assert settled_length(["ahead", "tied", "ahead", "ahead"]) == 3
+    with pytest.raises(ValueError, match="verdicts"):
+        settled_length([])
+    # per epoch: verdict of the SNNK adapter against the bottleneck by the 95% intervals over 3 seeds
+    curves = {"snnk": [[0.5, 0.80, 0.90], [0.6, 0.81, 0.91], [0.4, 0.79, 0.92]],
+              "bottleneck": [[0.5, 0.80, 0.70], [0.4, 0.90, 0.71], [0.6, 0.70, 0.72]],
+              "probe": [[0.5, 0.5, 0.5]] * 3}
+    rows = by_epoch(curves)
+    assert [r["verdict"] for r in rows] == ["tied", "tied", "ahead"]
+    assert [r["epochs"] for r in rows] == [1, 2, 3]
+    assert abs(rows[2]["snnk"][0] - 0.91) < 1e-12 and abs(rows[2]["bottleneck"][0] - 0.71) < 1e-12
