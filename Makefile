@@ -6,12 +6,15 @@ RECORD_PROFILE ?= record
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help book test env lab bench record clean clean-results
+.PHONY: help book test test-load env lab bench record clean clean-results
 
 help:  ## list the targets
 	@echo "make book    [PROFILE=ci|record|paper] [CHAPTERS=\"01_ntk ...\"] [ASSETS=cdn]"
 	@echo "               run the chapters (unchanged ones are reused) and build _build/html"
+	@echo "               (a failed chapter's page is built and marked; the exit status is then 3)"
 	@echo "make test    every test: package, chapters (ci profile), book, browser"
+	@echo "make test-load [CHAPTERS=\"01_ntk ...\"]  chapters on one core shared with 2 busy loops"
+	@echo "               (3x busier) must pass, and a hanging cell must be stopped and named (~5 min)"
 	@echo "make lab     JupyterLab in .venv with chapters/ open (run a chapter as a reader would)"
 	@echo "make env     only create/update .venv from constraints.txt"
 	@echo "make record  CHAPTERS=\"02_random_features\" [RECORD_PROFILE=record|paper] [SET=\"use_real_data=false\"] [NOTE=\"why\"]"
@@ -33,6 +36,9 @@ book: env
 test: env
 	@bash book/tools/ensure_chromium.sh
 	$(PY) -m pytest
+
+test-load: env
+	$(PY) book/tools/load_test.py $(if $(CHAPTERS),--chapters $(CHAPTERS))
 
 lab: env
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters

@@ -25,6 +25,21 @@ def fixtures(tmp_path_factory) -> Path:
     write_notebook(src / "ok.ipynb", [("md", "# ok"), params, ("code", glue)])
     write_notebook(src / "raises.ipynb", [params, ("code", "raise RuntimeError('boom in cell')")])
     write_notebook(src / "slow.ipynb", [params, ("code", "import time\ntime.sleep(60)")])
+    # Hangs: a cell that sleeps for ever (no output, no CPU), a kernel that dies.
+    write_notebook(src / "hangs.ipynb", [params, ("code", "print('before')"),
+                                         ("code", "import time\nwhile True:\n    time.sleep(1)")])
+    write_notebook(src / "dies.ipynb", [params, ("code", "import os\nos._exit(3)")])
+    write_notebook(src / "killed.ipynb", [params, ("code", "import os, signal\n"
+                                                           "os.kill(os.getpid(), signal.SIGKILL)")])
+    # Slow but working: computes (no output) for ~12 s, about half a core.
+    spin = ("import time\nend = time.time() + 12\n"
+            "while time.time() < end:\n"
+            "    t = time.process_time()\n"
+            "    while time.process_time() - t < 0.05:\n        pass\n"
+            "    time.sleep(0.05)\n"
+            "from myst_nb import glue\nglue('done', 1, display=False)")
+    write_notebook(src / "spins.ipynb", [params, ("code", spin)])
+    write_notebook(src / "busy_loop.ipynb", [params, ("code", "while True:\n    pass")])
     net = ("import socket\n"
            "socket.create_connection(('192.0.2.1', 80), timeout=1)")  # TEST-NET-1: never routed
     write_notebook(src / "network.ipynb", [params, ("code", net)])
@@ -49,10 +64,70 @@ def test_raising_notebook_is_an_error(fixtures, tmp_path) -> None:
     assert "boom in cell" in result.message or "RuntimeError" in result.message
 
 
-def test_budget_is_enforced(fixtures, tmp_path) -> None:
-    result = _run(fixtures, tmp_path, "slow", spec={"budget_s": 8, "parameters": {}})
-    assert result.status == "timeout"
-    assert result.seconds < 30
+def test_a_sleeping_cell_is_stopped_as_hung_and_named(fixtures, tmp_path) -> None:
+    # A generous budget: the hang is caught by the lack of progress, not by the budget.
+    spec = {"budget_s": 300, "stall_s": 6, "parameters": {}}
+    result = _run(fixtures, tmp_path, "hangs", spec=spec)
+    assert result.status == "hung", (result.status, result.message)
+    assert result.cell.startswith("cell 3 ('import time')"), result.cell
+    assert "no output and no CPU" in result.message
+    assert result.seconds < 40, "a hang is stopped after stall_s, not after the budget"
+    line = run_chapters.format_table([result])
+    assert "hung" in line and "cell 3" in line
+
+
+def test_a_slow_computing_cell_passes_its_old_wall_budget(fixtures, tmp_path) -> None:
+    """12 s of half-a-core work without output: past a 4 s budget and a 3 s stall limit
+    in wall time, yet it computes, so it is slow (a busy machine), not hung."""
+    spec = {"budget_s": 4, "stall_s": 3, "hard_limit_s": 120, "parameters": {}}
+    result = _run(fixtures, tmp_path, "spins", spec=spec)
+    assert result.status == "ok", (result.status, result.cell, result.message)
+    assert result.seconds > 12 > spec["budget_s"]
+    assert result.cpu_s > 3, "the CPU time of the kernel is measured"
+    assert read_glued(result.output) == {"done": 1}
+
+
+@pytest.mark.parametrize("name", ["dies", "killed"])
+def test_a_dead_kernel_is_reported_with_its_cell(fixtures, tmp_path, name) -> None:
+    result = _run(fixtures, tmp_path, name, spec={"budget_s": 300, "stall_s": 30, "parameters": {}})
+    assert result.status == "died", (result.status, result.message)
+    assert result.cell.startswith("cell 2 ('import os"), result.cell
+    assert "kernel died" in result.message
+    assert result.seconds < 60
+
+
+def test_hard_limit_and_cpu_limit_end_a_busy_loop(fixtures, tmp_path) -> None:
+    wall = _run(fixtures, tmp_path, "busy_loop",
+                spec={"budget_s": 300, "hard_limit_s": 25, "parameters": {}})
+    assert wall.status == "timeout" and "hard limit of 25 s" in wall.message, wall.message
+    assert wall.cell.startswith("cell 2 ('while True:')"), wall.cell
+    assert wall.seconds < 60
+    cpu = _run(fixtures, tmp_path, "busy_loop", spec={"budget_s": 300, "cpu_s": 3, "parameters": {}})
+    assert cpu.status == "timeout" and "CPU limit" in cpu.message, cpu.message
+    assert cpu.cpu_s >= 3
+
+
+def test_limits_default_from_the_budget() -> None:
+    got = run_chapters.limits({"budget_s": 300, "parameters": {}}, threads=2)
+    assert got == {"stall_s": run_chapters.STALL_S,
+                   "cpu_s": run_chapters.CPU_FACTOR * 300 * 2,
+                   "hard_limit_s": run_chapters.WALL_FACTOR * 300}
+    # A chapter three times slower or busier than the reference is inside every limit.
+    assert got["hard_limit_s"] >= 3 * 300 and got["cpu_s"] / 2 >= 1.5 * 300
+    assert run_chapters.limits({"budget_s": 10, "stall_s": 5, "cpu_s": 7, "hard_limit_s": 9},
+                               threads=1) == {"stall_s": 5, "cpu_s": 7, "hard_limit_s": 9}
+
+
+def test_profile_limits_are_checked(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(run_chapters, "CHAPTERS", tmp_path)
+    write_notebook(tmp_path / "a.ipynb", [("code", "x = 1", ["parameters"])])
+    profiles = tmp_path / "profiles.yaml"
+    monkeypatch.setattr(run_chapters, "PROFILES", profiles)
+    profiles.write_text("ci:\n  a: {budget_s: 60, stall_s: 30}\n")
+    assert run_chapters.load_profile("ci")["a"]["stall_s"] == 30
+    profiles.write_text("ci:\n  a: {budget_s: 60, stall_s: -1}\n")
+    with pytest.raises(SystemExit, match="stall_s must be a positive"):
+        run_chapters.load_profile("ci")
 
 
 def test_network_is_blocked_inside_the_kernel(fixtures, tmp_path) -> None:
@@ -168,9 +243,11 @@ def test_progress_lines_name_the_running_cell(fixtures, tmp_path, monkeypatch) -
     # No parameters are injected here, so the sleeping cell is cell 2 of the run.
     monkeypatch.setattr(run_chapters, "REPORT_EVERY_S", 2.0)
     lines: list[str] = []
-    result = _run_with_progress(fixtures, tmp_path, "slow", {"budget_s": 7, "parameters": {}}, lines)
-    assert result.status == "timeout" and result.cell == "cell 2"
+    result = _run_with_progress(fixtures, tmp_path, "slow",
+                                {"budget_s": 300, "stall_s": 7, "parameters": {}}, lines)
+    assert result.status == "hung" and result.cell == "cell 2 ('import time')", result.cell
     assert any("on cell 2" in ln for ln in lines), lines
+    assert any("idle" in ln for ln in lines), lines
     log = Path(result.output).with_suffix(".log").read_text()
     assert "Executing Cell 2" in log, "cell progress is streamed to the chapter's log"
 

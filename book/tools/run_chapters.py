@@ -12,13 +12,35 @@ chapters through it and build the HTML from the notebooks it wrote.
 Each notebook in ``chapters/`` runs in its own papermill process with the parameters
 of ``book/profiles.yaml`` injected after its ``parameters`` cell (the ``ci`` profile sets
 little or nothing, since the notebooks' own values are the teaching scale; ``record`` the
-largest settings that fit about 90 min per chapter; ``paper`` the papers' settings), a wall-clock budget (``budget_s``; the process group is killed
-when it runs over), network access blocked in ``ci`` (``netguard/sitecustomize.py``) and
-``OMP_NUM_THREADS`` set so that parallel jobs share the cores (``NN_KERNELS_THREADS=1``
+largest settings that fit about 90 min per chapter; ``paper`` the papers' settings), network access blocked in ``ci`` (``netguard/sitecustomize.py``)
+and ``OMP_NUM_THREADS`` set so that parallel jobs share the cores (``NN_KERNELS_THREADS=1``
 forces one thread per chapter). Executed copies go to ``<out>/<profile>/<chapter>.ipynb``,
 cell output streams to ``<chapter>.log`` beside it while it runs (``tail -f`` it), and a
-line is printed when a chapter starts, every 30 s while it runs (with the cell it is on)
-and when it ends. A summary table is printed and written as ``summary.json``.
+line is printed when a chapter starts, every 30 s while it runs (with the cell it is on
+and the CPU time used) and when it ends. A summary table is printed and written as
+``summary.json``.
+
+Budgets catch hangs, not slowness. A chapter on a machine three times slower or busier
+than the reference must pass, so no limit is a wall-clock speed test with a small margin.
+Every second the runner looks at the chapter's process tree (papermill, its kernel and
+anything the kernel started) and its log, and stops it when
+
+* **it hangs** (status ``hung``): for ``stall_s`` seconds (default :data:`STALL_S`) the
+  log got no new output and the process tree used less than :data:`IDLE_CPU` of one core.
+  A cell that sleeps, waits on a lock or a dead connection, or deadlocks is stopped this
+  way, however short its chapter's budget; a cell that computes, however slowly, is not.
+* **its kernel died** (status ``died``): the kernel process is gone (a segfault, the
+  out-of-memory killer, ``os._exit``); papermill normally reports it at once, and the
+  runner stops papermill :data:`KERNEL_GRACE_S` seconds later if it does not.
+* **it computes far too long** (status ``timeout``): the CPU time of its process tree
+  passes ``cpu_s`` per thread (default :data:`CPU_FACTOR` times ``budget_s``; CPU time
+  does not grow when other work shares the cores), or its wall time passes
+  ``hard_limit_s`` (default :data:`WALL_FACTOR` times ``budget_s``), the hard limit
+  that makes every run end, e.g. a busy loop on a machine starved of CPU.
+
+``budget_s`` is thus the chapter's budget on the reference machine (at most 300 s in
+``ci``); ``stall_s``, ``cpu_s`` and ``hard_limit_s`` may be set per chapter in a
+profile. The summary and the failure message name the cell the chapter was on.
 
 Cache: beside each executed notebook, ``<chapter>.key`` records a hash of everything
 the run depends on: the notebook's code cells, the injected parameters, the source of
@@ -29,7 +51,7 @@ it. ``--no-cache`` (or ``CI=true`` / ``NN_KERNELS_NO_CACHE=1``) always executes.
 
 Ctrl-C (or SIGTERM) kills every running chapter within seconds and exits with status
 130, naming each chapter and the cell it was on. The exit status is non-zero when any
-chapter fails or runs over its budget; the summary names the failing cell.
+chapter fails, hangs or runs over a limit; the summary names the failing cell.
 """
 
 from __future__ import annotations
@@ -67,6 +89,13 @@ SOURCE_SUFFIXES = {".py", ".cpp", ".h", ".cu"}
 REPORT_EVERY_S = 30.0
 # ``full`` was renamed ``paper`` (issue 29: ci, record, paper); the old name still works.
 PROFILE_ALIASES = {"full": "paper"}
+# Budgets (see the module docstring): hangs are caught by the absence of progress.
+STALL_S = 180.0        # no output and (almost) no CPU for this long: hung
+IDLE_CPU = 0.02        # CPU seconds per second (of one core) below which a tree is idle
+CPU_FACTOR = 2.0       # default cpu_s = CPU_FACTOR * budget_s, per thread
+WALL_FACTOR = 4.0      # default hard_limit_s = WALL_FACTOR * budget_s
+KERNEL_GRACE_S = 20.0  # papermill's time to report a dead kernel before it is stopped
+POLL_S = 1.0
 _CELL_LINE = re.compile(r"Executing Cell (\d+)")
 
 
@@ -75,11 +104,12 @@ class Result:
     chapter: str
     profile: str
     seconds: float
-    status: str  # "ok", "cached", "error", "timeout", "interrupted"
+    status: str  # "ok", "cached", "error", "hung", "died", "timeout", "interrupted"
     threads: int
     output: str
     message: str = ""
-    cell: str = ""  # the failing cell ("cell 12: raise ...") or, interrupted, the running one
+    cell: str = ""  # the failing cell ("cell 12: raise ...") or, stopped, the running one
+    cpu_s: float = 0.0  # CPU time of the chapter's process tree (papermill and kernel)
 
     @property
     def ok(self) -> bool:
@@ -105,6 +135,13 @@ def load_profile(profile: str) -> dict[str, dict[str, Any]]:
             "budget_s": int(entry.get("budget_s", FULL_BUDGET_S)),
             "parameters": dict(entry.get("parameters") or {}),
         }
+        for limit in ("stall_s", "cpu_s", "hard_limit_s"):
+            if limit in entry:
+                value = entry[limit]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise SystemExit(f"{PROFILES.name}: {profile}/{name}/{limit} must be a "
+                                     f"positive number of seconds, got {value!r}")
+                out[name][limit] = float(value)
     unknown = sorted(set(section) - set(out))
     if unknown:
         raise SystemExit(f"{PROFILES.name}: profile {profile!r} names unknown chapters {unknown}")
@@ -275,6 +312,99 @@ def _failed_cell(output: Path) -> str:
     return ""
 
 
+def limits(spec: dict[str, Any], threads: int) -> dict[str, float]:
+    """The stall, CPU and wall limits of a chapter's ``spec`` (see the module docstring)."""
+    budget = float(spec["budget_s"])
+    return {
+        "stall_s": float(spec.get("stall_s", STALL_S)),
+        "cpu_s": float(spec.get("cpu_s", CPU_FACTOR * budget)) * max(1, threads),
+        "hard_limit_s": float(spec.get("hard_limit_s", WALL_FACTOR * budget)),
+    }
+
+
+class _Watch:
+    """What a running chapter is doing: the cell it is on (from its log), whether its log
+    grew, the CPU time its process tree has used, and whether its kernel is alive."""
+
+    def __init__(self, pid: int, log: Path) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.root = psutil.Process(pid)
+        self.log = log
+        self._pos = 0
+        self._tail = ""
+        self._seen: dict[int, float] = {}
+        self.cpu = 0.0  # CPU seconds of the tree so far (processes seen alive)
+        self.cell: int | None = None
+        self.kernel: Any = None  # psutil.Process of the kernel, once started
+        self.kernel_gone_at: float | None = None
+
+    def _read_log(self) -> bool:
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(self._pos)
+                chunk = fh.read()
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        self._pos += len(chunk)
+        text = self._tail + chunk.decode("utf-8", errors="replace")
+        text, _, self._tail = text.rpartition("\n")
+        found = _CELL_LINE.findall(text)
+        if found:
+            self.cell = int(found[-1])
+        return True
+
+    def _tree(self) -> list[Any]:
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except self._psutil.Error:
+            return []
+
+    def poll(self, now: float) -> tuple[bool, float]:
+        """Read what changed since the last call: (the log grew, CPU seconds used since)."""
+        grew = self._read_log()
+        used = 0.0
+        for proc in self._tree():
+            try:
+                times = proc.cpu_times()
+                if self.kernel is None and "ipykernel" in " ".join(proc.cmdline()):
+                    self.kernel = proc
+            except self._psutil.Error:
+                continue
+            total = times.user + times.system
+            used += max(0.0, total - self._seen.get(proc.pid, 0.0))
+            self._seen[proc.pid] = total
+        self.cpu += used
+        if self.kernel is not None and self.kernel_gone_at is None:
+            try:
+                alive = self.kernel.is_running() and self.kernel.status() != self._psutil.STATUS_ZOMBIE
+            except self._psutil.Error:
+                alive = False
+            if not alive:
+                self.kernel_gone_at = now
+        return grew, used
+
+
+def _cell_label(notebook: Path, number: int | None) -> str:
+    """'cell N ('first line')' for papermill's cell N of ``notebook``, or 'cell N'."""
+    if not number:
+        return ""
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(notebook), as_version=4)
+        cells = [c for c in nb.cells
+                 if "papermill-error-cell-tag" not in c.get("metadata", {}).get("tags", [])]
+        source = cells[number - 1].source.strip()
+    except Exception:  # noqa: BLE001 - a notebook being written names no source
+        return f"cell {number}"
+    first = source.splitlines()[0][:60] if source else ""
+    return f"cell {number} ({first!r})" if first else f"cell {number}"
+
+
 def run_one(
     chapter: str,
     profile: str,
@@ -288,8 +418,10 @@ def run_one(
 ) -> Result:
     """Execute one chapter; never raises for a failing notebook (the Result says so).
 
-    ``progress`` receives a line every ``REPORT_EVERY_S`` seconds while the chapter runs;
-    ``key`` (see :func:`cache_key`) is recorded beside a successful run.
+    ``spec`` holds ``budget_s`` and ``parameters``, and optionally ``stall_s``, ``cpu_s``
+    and ``hard_limit_s`` (see the module docstring and :func:`limits`). ``progress``
+    receives a line every ``REPORT_EVERY_S`` seconds while the chapter runs; ``key``
+    (see :func:`cache_key`) is recorded beside a successful run.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     output = out_dir / f"{chapter}.ipynb"
@@ -306,55 +438,87 @@ def run_one(
         "-f", params_file, "--cwd", str(chapters_dir), "-k", "python3",
         "--no-progress-bar", "--log-output", "--log-level", "INFO",
     ]
-    budget = spec["budget_s"]
+    limit = limits(spec, threads)
     start = time.perf_counter()
-    status, message, cell = "ok", "", ""
+    status, message, cell, rc = "ok", "", "", None
+    watch: _Watch | None = None
+
+    def stop(new_status: str, why: str) -> None:
+        nonlocal status, message, cell, rc
+        _kill_group(proc.pid)
+        proc.wait()
+        watch.poll(time.perf_counter())
+        status, message, rc = new_status, why, None
+        if new_status == "interrupted":
+            cell = f"cell {watch.cell}" if watch.cell else ""
+        else:
+            cell = _cell_label(output, watch.cell)
+
     try:
         with open(log, "w") as logfh:
             proc = subprocess.Popen(cmd, stdout=logfh, stderr=subprocess.STDOUT, env=env,
                                     cwd=ROOT, start_new_session=True)
             with _LIVE.lock:
                 _LIVE.pids.add(proc.pid)
+            watch = _Watch(proc.pid, log)
             next_report = REPORT_EVERY_S
+            last_progress, cpu_at_progress = start, 0.0
             try:
                 while True:
                     try:
-                        rc = proc.wait(timeout=1.0)
+                        rc = proc.wait(timeout=POLL_S)
                     except subprocess.TimeoutExpired:
                         rc = None
-                    elapsed = time.perf_counter() - start
-                    if rc is not None and not _LIVE.stop.is_set():
-                        break
+                    now = time.perf_counter()
+                    elapsed = now - start
                     if _LIVE.stop.is_set():  # killed by Ctrl-C, or about to be
-                        _kill_group(proc.pid)
-                        proc.wait()
-                        n = _current_cell(log)
-                        status, message = "interrupted", "stopped by Ctrl-C / SIGTERM"
-                        cell = f"cell {n}" if n else ""
-                        rc = None
+                        stop("interrupted", "stopped by Ctrl-C / SIGTERM")
                         break
-                    if elapsed > budget:
-                        _kill_group(proc.pid)
-                        proc.wait()
-                        n = _current_cell(log)
-                        status, message = "timeout", f"ran over its budget of {budget} s"
-                        cell = f"cell {n}" if n else ""
-                        rc = None
+                    if rc is not None:
+                        watch.poll(now)
+                        break
+                    grew, _ = watch.poll(now)
+                    # Progress: new output, or more CPU than an idle tree uses (papermill
+                    # and an idle kernel poll a little) since the last progress.
+                    if grew or watch.cpu - cpu_at_progress > IDLE_CPU * (now - last_progress) + 0.1:
+                        last_progress, cpu_at_progress = now, watch.cpu
+                    idle = now - last_progress
+                    if watch.kernel_gone_at is not None and now - watch.kernel_gone_at > KERNEL_GRACE_S:
+                        stop("died", "its kernel died (the process is gone; see the log)")
+                        break
+                    if idle > limit["stall_s"]:
+                        stop("hung", f"no output and no CPU use for {idle:.0f} s "
+                                     f"(stall_s = {limit['stall_s']:.0f}): the cell hangs")
+                        break
+                    if watch.cpu > limit["cpu_s"]:
+                        stop("timeout", f"used {watch.cpu:.0f} CPU-s, over its CPU limit of "
+                                        f"{limit['cpu_s']:.0f} s (cpu_s x {threads} thread(s))")
+                        break
+                    if elapsed > limit["hard_limit_s"]:
+                        stop("timeout", f"ran {elapsed:.0f} s, over its hard limit of "
+                                        f"{limit['hard_limit_s']:.0f} s")
                         break
                     if progress and elapsed >= next_report:
-                        n = _current_cell(log)
                         sweep = _sweep_status(log)
-                        progress(f"  {chapter}: {elapsed:.0f} s of {budget} s"
-                                 + (f", on cell {n}" if n else "") + (f"; {sweep}" if sweep else ""))
+                        progress(f"  {chapter}: {elapsed:.0f} s, {watch.cpu:.0f} CPU-s"
+                                 + (f", on cell {watch.cell}" if watch.cell else "")
+                                 + (f", idle {idle:.0f} s" if idle >= 5 else "")
+                                 + (f"; {sweep}" if sweep else ""))
                         next_report += REPORT_EVERY_S
             finally:
                 _kill_group(proc.pid)  # stray kernel processes, if any
                 with _LIVE.lock:
                     _LIVE.pids.discard(proc.pid)
         if status == "ok" and rc != 0:
-            status = "error"
-            cell = _failed_cell(output)
-            message = _last_error(log)
+            # (The kernel is also gone when papermill shuts it down after an error.)
+            died = _kernel_died(log)
+            status = "died" if died else "error"
+            if died:
+                cell = _cell_label(output, watch.cell)
+                message = "its kernel died (the process is gone; see the log)"
+            else:
+                cell = _failed_cell(output) or _cell_label(output, watch.cell)
+                message = _last_error(log)
     finally:
         os.unlink(params_file)
     seconds = round(time.perf_counter() - start, 1)
@@ -362,7 +526,16 @@ def run_one(
         atomic_write_text(out_dir / f"{chapter}.key", json.dumps({
             "key": key, "seconds": seconds, "threads": threads,
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}))
-    return Result(chapter, profile, seconds, status, threads, str(output), message, cell)
+    return Result(chapter, profile, seconds, status, threads, str(output), message, cell,
+                  round(watch.cpu if watch else 0.0, 1))
+
+
+def _kernel_died(log: Path) -> bool:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return False
+    return "DeadKernelError" in text or "Kernel died" in text
 
 
 def _last_error(log: Path) -> str:
@@ -445,12 +618,16 @@ def run(
     threads = int(os.environ.get("NN_KERNELS_THREADS") or max(1, cores // jobs))
 
     def one(c: str) -> Result:
-        say(f"[{c}] started ({profile}, budget {specs[c]['budget_s']} s, {threads} thread"
-            f"{'s' if threads > 1 else ''}; log: {out_dir / (c + '.log')})")
+        lim = limits(specs[c], threads)
+        say(f"[{c}] started ({profile}, budget {specs[c]['budget_s']} s; stopped when idle "
+            f"{lim['stall_s']:.0f} s, past {lim['cpu_s']:.0f} CPU-s or {lim['hard_limit_s']:.0f} s; "
+            f"{threads} thread{'s' if threads > 1 else ''}; log: {out_dir / (c + '.log')})")
         r = run_one(c, profile, specs[c], out_dir, threads, block_network, CHAPTERS,
                     progress=say, key=keys[c])
-        say(f"[{c}] {r.status} after {r.seconds:.0f} s of {specs[c]['budget_s']} s"
-            + (f": {r.cell or r.message}" if not r.ok else ""))
+        say(f"[{c}] {r.status} after {r.seconds:.0f} s ({r.cpu_s:.0f} CPU-s; budget "
+            f"{specs[c]['budget_s']} s)"
+            + (f": {r.cell + ': ' if r.cell else ''}{r.message}; log: {out_dir / (c + '.log')}"
+               if not r.ok else ""))
         return r
 
     if scheduler and todo:
@@ -608,12 +785,19 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def describe_failure(r: Result) -> str:
+    """'in cell N (...): why' for a chapter that did not run to the end."""
+    if r.status == "error":
+        return r.cell or r.message
+    return (f"in {r.cell}: " if r.cell else "") + r.message
+
+
 def format_table(results: list[Result]) -> str:
-    rows = [("chapter", "profile", "seconds", "threads", "status")]
-    rows += [(r.chapter, r.profile, f"{r.seconds:.1f}", str(r.threads),
-              r.status + (f" ({r.cell or r.message})" if not r.ok else "")) for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4]
+    rows = [("chapter", "profile", "seconds", "CPU-s", "threads", "status")]
+    rows += [(r.chapter, r.profile, f"{r.seconds:.1f}", f"{r.cpu_s:.1f}", str(r.threads),
+              r.status + (f" ({describe_failure(r)})" if not r.ok else "")) for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5]
              for row in rows]
     lines.insert(1, "-" * max(len(ln) for ln in lines))
     return "\n".join(lines)
