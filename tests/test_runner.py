@@ -79,7 +79,7 @@ def test_a_sleeping_cell_is_stopped_as_hung_and_named(fixtures, tmp_path) -> Non
 def test_a_slow_computing_cell_passes_its_old_wall_budget(fixtures, tmp_path) -> None:
     """12 s of half-a-core work without output: past a 4 s budget and a 3 s stall limit
     in wall time, yet it computes, so it is slow (a busy machine), not hung."""
-    spec = {"budget_s": 4, "stall_s": 3, "hard_limit_s": 120, "parameters": {}}
+    spec = {"budget_s": 4, "stall_s": 3, "cpu_s": 60, "hard_limit_s": 120, "parameters": {}}
     result = _run(fixtures, tmp_path, "spins", spec=spec)
     assert result.status == "ok", (result.status, result.cell, result.message)
     assert result.seconds > 12 > spec["budget_s"]
