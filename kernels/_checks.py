@@ -69,7 +69,8 @@ def check_dtype_kind(name: str, value: torch.Tensor, *, floating: bool = True,
         want = "an integer" if index else "a floating-point" if floating else "a numeric"
         raise TypeError(f"{name} must have {want} dtype, got a bool tensor (convert it with .long() or .double())")
     if dtype.is_complex and not complex_ok:
-        raise TypeError(f"{name} must be real, got the complex dtype {dtype}")
+        want = ("a real floating-point" if floating else "a real") + " dtype (float32 or float64)"
+        raise TypeError(f"{name} must have {want}, got the complex dtype {dtype}")
     if index:
         if dtype.is_floating_point or dtype.is_complex:
             raise TypeError(f"{name} must have an integer dtype (it holds indices), got {dtype}")
