@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+import nbformat
 import pytest
 
 import run_chapters
@@ -223,6 +224,19 @@ def test_cache_reuses_after_a_prose_edit_and_reexecutes_after_a_source_edit(mini
     assert run_chapters.cache_key(nb_path, {}, "ci") != key
     fourth, = run_chapters.run(["a"], "ci", out=out, progress=None, use_cache=False)
     assert fourth.status == "ok"
+
+
+def test_cache_key_follows_recorded_runs(tmp_path) -> None:
+    """Chapters read and glue book/runs/ (records and sweeps): editing one re-executes them."""
+    assert run_chapters.ROOT / "book" / "runs" in run_chapters.SOURCE_DIRS
+    nb = tmp_path / "a.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), str(nb))
+    runs = tmp_path / "runs" / "sweeps"
+    runs.mkdir(parents=True)
+    (runs / "a.sweep.json").write_text('{"lr": [0.01]}')
+    key = run_chapters.cache_key(nb, {}, "ci", dirs=[tmp_path / "runs"], files=[])
+    (runs / "a.sweep.json").write_text('{"lr": [0.02]}')
+    assert run_chapters.cache_key(nb, {}, "ci", dirs=[tmp_path / "runs"], files=[]) != key
 
 
 def test_ci_environment_disables_the_cache(monkeypatch) -> None:

@@ -83,9 +83,11 @@ NETGUARD = Path(__file__).resolve().parent / "netguard"
 DEFAULT_OUT = ROOT / "_build" / "executed"
 FULL_BUDGET_S = 6 * 3600
 # What a chapter's results depend on besides its own code: hashed into its cache key.
-SOURCE_DIRS = (ROOT / "kernels", ROOT / "data_scripts", ROOT / "book" / "nnk_book", NETGUARD)
+# book/runs: the recorded runs and sweeps (JSON) that chapters read and glue from.
+SOURCE_DIRS = (ROOT / "kernels", ROOT / "data_scripts", ROOT / "book" / "nnk_book", NETGUARD,
+               ROOT / "book" / "runs")
 SOURCE_FILES = (ROOT / "constraints.txt", ROOT / "pyproject.toml")
-SOURCE_SUFFIXES = {".py", ".cpp", ".h", ".cu"}
+SOURCE_SUFFIXES = {".py", ".cpp", ".h", ".cu", ".json"}
 REPORT_EVERY_S = 30.0
 # ``full`` was renamed ``paper`` (issue 29: ci, record, paper); the old name still works.
 PROFILE_ALIASES = {"full": "paper"}
