@@ -26,6 +26,17 @@ and across packages) are dropped.
 its UTF-8 bytes is divisible by 5 (about 20 %), else to the training split. Subsets of a
 requested size are drawn per class with an explicit seed, so every class has the same
 number of examples.
+
+**Disk cache.** Parsing the four packages takes several CPU-seconds, and chapters 6 and 7
+both build the task, so each package's sentences are stored once in
+``<cache>/sentences/<package>-<key>.json`` (:func:`data_scripts.fetch.cache_dir`: the
+``root`` argument, else ``$NN_KERNELS_DATA``, else ``~/.cache/nn-kernels-book``), written
+atomically (a temporary file renamed into place). The key (:func:`sentence_cache_key`) is a
+SHA-256 of everything the sentences depend on: the package's name, installed version and
+source listing (each ``.py`` file's relative path and size), the Python version (the
+:mod:`ast` parser) and the source of this module (the filter). A file whose key or content
+does not match is ignored and rewritten; a cache that cannot be written is skipped with a
+warning. ``cache=False`` parses without touching the disk.
 """
 
 from __future__ import annotations
@@ -36,7 +47,11 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import json
 import re
+import sys
+import tempfile
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,11 +60,14 @@ from typing import Optional
 import numpy as np
 
 from data_scripts._checks import check_int
+from data_scripts.fetch import PathLike, cache_dir
 
 __all__ = [
     "DOCSTRING_PACKAGES",
     "SentenceTask",
     "docstring_sentences",
+    "sentence_cache_key",
+    "sentence_cache_file",
     "load_docstring_task",
     "task_info",
     "ModelUnavailableError",
@@ -122,10 +140,110 @@ def _sentences_under(folder: str) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def docstring_sentences(package: str) -> tuple[str, ...]:
+#: Bumped when the cache file's layout changes.
+_CACHE_FORMAT = 1
+_CACHE_SUBDIR = "sentences"
+
+
+def _installed_version(package: str) -> str:
+    try:
+        return importlib.metadata.version({"sklearn": "scikit-learn"}.get(package, package))
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _source_listing_digest(folder: Path) -> str:
+    """SHA-256 of the relative path and size of every ``.py`` file under ``folder`` (cheap:
+    no file is read; catches an edited or replaced installation that kept its version)."""
+    h = hashlib.sha256()
+    for path in sorted(folder.rglob("*.py")):
+        h.update(f"{path.relative_to(folder).as_posix()}\0{path.stat().st_size}\n".encode())
+    return h.hexdigest()
+
+
+def _generator_digest() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def sentence_cache_key(package: str) -> str:
+    """The disk-cache key of ``package``'s sentences: a SHA-256 of the cache format, the
+    package's name, installed version and source listing, the Python version and this
+    module's source (see the module docstring)."""
+    folder = _package_dir(package)
+    fields = {
+        "format": _CACHE_FORMAT,
+        "package": package,
+        "version": _installed_version(package),
+        "sources": _source_listing_digest(folder),
+        "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+        "generator": _generator_digest(),
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def sentence_cache_file(package: str, root: Optional[PathLike] = None) -> Path:
+    """Where ``package``'s sentences are cached: ``<cache>/sentences/<package>-<key[:16]>.json``."""
+    return cache_dir(root) / _CACHE_SUBDIR / f"{package}-{sentence_cache_key(package)[:16]}.json"
+
+
+def _read_cached(path: Path, key: str) -> Optional[tuple[str, ...]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None
+    sents = data.get("sentences")
+    if not isinstance(sents, list) or not all(isinstance(x, str) for x in sents):
+        return None
+    return tuple(sents)
+
+
+def _write_cached(path: Path, key: str, package: str, sents: tuple[str, ...]) -> None:
+    payload = {"key": key, "package": package, "version": _installed_version(package), "sentences": list(sents)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(payload, f, ensure_ascii=False)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as err:
+        warnings.warn(f"could not write the sentence cache {path}: {err}; parsing again next time", stacklevel=3)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_sentences(package: str, root: str) -> tuple[str, ...]:
+    folder = _package_dir(package)
+    key = sentence_cache_key(package)
+    path = Path(root) / _CACHE_SUBDIR / f"{package}-{key[:16]}.json"
+    sents = _read_cached(path, key)
+    if sents is None:
+        sents = _sentences_under(str(folder))
+        _write_cached(path, key, package, sents)
+    return sents
+
+
+def docstring_sentences(package: str, *, root: Optional[PathLike] = None, cache: bool = True) -> tuple[str, ...]:
     """Sorted, de-duplicated first sentences of the docstrings in ``package``'s installed
-    source (filtered as the module docstring says). Parsed, never imported."""
-    return _sentences_under(str(_package_dir(package)))
+    source (filtered as the module docstring says). Parsed, never imported.
+
+    Args:
+        package: an installed top-level package.
+        root: the data cache folder (default: ``$NN_KERNELS_DATA``, else
+            ``~/.cache/nn-kernels-book``); the sentences are cached under ``sentences/``.
+        cache: ``False`` parses the sources and neither reads nor writes the disk cache.
+    """
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache must be True or False, got {cache!r}")
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"root must be a path or None, got {root!r}")
+    if not cache:
+        return _sentences_under(str(_package_dir(package)))
+    return _cached_sentences(package, str(cache_dir(root)))
 
 
 def _is_test(sentence: str) -> bool:
@@ -210,12 +328,7 @@ def task_info(packages: tuple[str, ...] = DOCSTRING_PACKAGES) -> dict:
     for i, p in enumerate(packages):
         sents = [s for s, l in labelled if l == i]
         counts[p] = {"train": sum(not _is_test(s) for s in sents), "test": sum(_is_test(s) for s in sents)}
-    versions = {}
-    for p in packages:
-        try:
-            versions[p] = importlib.metadata.version({"sklearn": "scikit-learn"}.get(p, p))
-        except importlib.metadata.PackageNotFoundError:
-            versions[p] = "unknown"
+    versions = {p: _installed_version(p) for p in packages}
     return {"versions": versions, "counts": counts, "sha256": digest}
 
 

@@ -8,6 +8,7 @@ case uses a closed port on the loopback interface.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -87,6 +88,125 @@ def test_task_bad_input():
         load_docstring_task("test", packages=("networkx",))
     with pytest.raises(TypeError, match="seed"):
         load_docstring_task("test", seed="0")
+
+
+# ---------------------------------------------------------------- disk cache
+
+
+def _fake_package(folder: Path, name: str, docs: list[str]) -> Path:
+    pkg = folder / name
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f'"""{docs[0]}"""\n', encoding="utf-8")
+    body = "".join(f'def f{i}():\n    """{d}"""\n\n' for i, d in enumerate(docs[1:]))
+    (pkg / "mod.py").write_text(body, encoding="utf-8")
+    return pkg
+
+
+@pytest.fixture
+def fake_pkg(tmp_path, monkeypatch):
+    """An importable package (never imported: parsed) with three docstring sentences, a
+    data folder of its own, and empty in-process caches."""
+    import importlib
+
+    name = f"nnk_fake_docs_{tmp_path.name.replace('-', '_')}"
+    _fake_package(tmp_path / "site", name, [
+        "The first sentence of a fake package here.",
+        "Return the number of edges in the fake graph.",
+        "Compute the mean of the values along one axis.",
+    ])
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    monkeypatch.setenv("NN_KERNELS_DATA", str(tmp_path / "data"))
+    cached, under = sentences._cached_sentences, sentences._sentences_under  # tests may patch them
+    cached.cache_clear()
+    under.cache_clear()
+    yield name, tmp_path / "site" / name, tmp_path / "data"
+    cached.cache_clear()
+    under.cache_clear()
+
+
+def test_sentence_cache_is_written_once_and_read_back(fake_pkg, monkeypatch):
+    name, folder, data = fake_pkg
+    parsed = docstring_sentences(name, cache=False)
+    assert len(parsed) == 3
+    got = docstring_sentences(name)
+    assert got == parsed
+    path = sentences.sentence_cache_file(name)
+    assert path.parent == data / "sentences" and path.is_file()
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]  # atomic: no temporary left
+    # a fresh process (empty in-memory caches) reads the file and never parses
+    sentences._cached_sentences.cache_clear()
+    sentences._sentences_under.cache_clear()
+    monkeypatch.setattr(sentences, "_sentences_under", lambda folder: pytest.fail("parsed despite the cache"))
+    assert docstring_sentences(name) == parsed
+
+
+def test_sentence_cache_root_argument_overrides_the_environment(fake_pkg, tmp_path):
+    name, _, data = fake_pkg
+    other = tmp_path / "elsewhere"
+    docstring_sentences(name, root=other)
+    assert sentences.sentence_cache_file(name, root=other).is_file()
+    assert not (data / "sentences").exists()
+
+
+def test_sentence_cache_key_follows_sources_version_and_generator(fake_pkg, monkeypatch):
+    name, folder, _ = fake_pkg
+    key = sentences.sentence_cache_key(name)
+    assert key == sentences.sentence_cache_key(name) and len(key) == 64
+    # an edited source file (another size) gives another key, and new sentences
+    docstring_sentences(name)
+    (folder / "extra.py").write_text('"""A new module with a docstring of its own."""\n', encoding="utf-8")
+    new_key = sentences.sentence_cache_key(name)
+    assert new_key != key
+    sentences._cached_sentences.cache_clear()
+    sentences._sentences_under.cache_clear()
+    assert "A new module with a docstring of its own." in docstring_sentences(name)
+    # the installed version and the generator's source are part of the key
+    real_version = sentences._installed_version
+    monkeypatch.setattr(sentences, "_installed_version", lambda package: "99.0")
+    assert sentences.sentence_cache_key(name) != new_key
+    monkeypatch.setattr(sentences, "_installed_version", real_version)
+    assert sentences.sentence_cache_key(name) == new_key
+    monkeypatch.setattr(sentences, "_generator_digest", lambda: "0" * 64)
+    assert sentences.sentence_cache_key(name) not in (key, new_key)
+
+
+def test_sentence_cache_rejects_a_corrupt_or_foreign_file(fake_pkg):
+    name, _, _ = fake_pkg
+    parsed = docstring_sentences(name, cache=False)
+    path = sentences.sentence_cache_file(name)
+    path.parent.mkdir(parents=True)
+    for bad in ("{not json", '["a list"]', '{"key": "another", "sentences": ["Forged sentence of six words."]}',
+                json.dumps({"key": sentences.sentence_cache_key(name), "sentences": [1, 2]})):
+        path.write_text(bad, encoding="utf-8")
+        sentences._cached_sentences.cache_clear()
+        assert docstring_sentences(name) == parsed
+        assert json.loads(path.read_text(encoding="utf-8"))["sentences"] == list(parsed)  # rewritten
+
+
+def test_sentence_cache_unwritable_folder_warns_and_parses(fake_pkg, tmp_path):
+    name, _, _ = fake_pkg
+    blocker = tmp_path / "file-not-folder"
+    blocker.write_text("x")
+    with pytest.warns(UserWarning, match="could not write the sentence cache"):
+        got = docstring_sentences(name, root=blocker)
+    assert got == docstring_sentences(name, cache=False)
+
+
+def test_sentence_cache_bad_input():
+    with pytest.raises(TypeError, match="cache"):
+        docstring_sentences("networkx", cache="yes")
+    with pytest.raises(TypeError, match="root"):
+        docstring_sentences("networkx", root=3)
+
+
+def test_real_package_cached_equals_parsed(tmp_path):
+    sentences._cached_sentences.cache_clear()
+    try:
+        assert docstring_sentences("networkx", root=tmp_path) == docstring_sentences("networkx", cache=False)
+        assert sentences.sentence_cache_file("networkx", root=tmp_path).is_file()
+    finally:
+        sentences._cached_sentences.cache_clear()
 
 
 # ---------------------------------------------------------------- MiniLM
