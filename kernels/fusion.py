@@ -179,15 +179,29 @@ def _sq_dists(x: Tensor, x_sq: Tensor, c: Tensor) -> Tensor:
     return (x_sq[:, None] - 2.0 * x @ c.T + (c * c).sum(1)[None, :]).clamp_min_(0.0)
 
 
-def _kmeans_pp(x: Tensor, x_sq: Tensor, k: int, gen: torch.Generator) -> Tensor:
+#: Largest n * n for which k-means++ precomputes the Gram matrix of the points (float64:
+#: 128 MiB); above it each seeding step multiplies the points by its candidates instead.
+_GRAM_MAX_ENTRIES = 1 << 24
+
+
+def _kmeans_pp(x: Tensor, x_sq: Tensor, k: int, gen: torch.Generator, gram: Optional[Tensor] = None) -> Tensor:
     """Greedy k-means++ (Arthur & Vassilvitskii 2007, the variant scikit-learn uses): each
     new centre is the best, by the resulting potential, of ``2 + log k`` candidates drawn
-    with probability proportional to the squared distance to the nearest chosen centre."""
+    with probability proportional to the squared distance to the nearest chosen centre.
+
+    ``gram`` (``x @ x.T``, optional) turns each step's distances to the candidates, which
+    are points, into a gather: O(n) per candidate instead of O(nd)."""
     n = x.shape[0]
     trials = 2 + int(math.log(k))
+
+    def dists_to(rows: Tensor) -> Tensor:  # (n, len(rows)) squared distances to the points `rows`
+        if gram is None:
+            return _sq_dists(x, x_sq, x[rows])
+        return (x_sq[:, None] - 2.0 * gram[:, rows] + x_sq[rows][None, :]).clamp_min_(0.0)
+
     first = int(torch.randint(n, (1,), generator=gen))
     idx = [first]
-    d2 = _sq_dists(x, x_sq, x[first : first + 1])[:, 0]
+    d2 = dists_to(torch.tensor([first]))[:, 0]
     for _ in range(1, k):
         total = float(d2.sum())
         if total <= 0.0:
@@ -195,10 +209,10 @@ def _kmeans_pp(x: Tensor, x_sq: Tensor, k: int, gen: torch.Generator) -> Tensor:
             free = torch.ones(n, dtype=torch.bool)
             free[idx] = False
             nxt = int(torch.nonzero(free)[0])
-            d2 = torch.minimum(d2, _sq_dists(x, x_sq, x[nxt : nxt + 1])[:, 0])
+            d2 = torch.minimum(d2, dists_to(torch.tensor([nxt]))[:, 0])
         else:
             cand = torch.multinomial(d2 / total, trials, replacement=True, generator=gen)
-            cand_d2 = torch.minimum(d2[None, :], _sq_dists(x, x_sq, x[cand]).T)  # (trials, n)
+            cand_d2 = torch.minimum(d2[None, :], dists_to(cand).T)  # (trials, n)
             best = int(torch.argmin(cand_d2.sum(1)))
             nxt = int(cand[best])
             d2 = cand_d2[best]
@@ -279,10 +293,11 @@ def kmeans(
     x = points.detach().to("cpu", torch.float64)
     x_sq = (x * x).sum(1)
     scale = float(x_sq.mean()) or 1.0
+    gram = x @ x.T if init == "k-means++" and n * n <= _GRAM_MAX_ENTRIES else None
     best = None
     for _ in range(n_init):
         if init == "k-means++":
-            start = _kmeans_pp(x, x_sq, k, gen)
+            start = _kmeans_pp(x, x_sq, k, gen, gram)
         else:
             start = x[torch.randperm(n, generator=gen)[:k]].clone()
         labels, centroids, inertia, n_iter = _lloyd(x, x_sq, start, max_iter, tol * scale)

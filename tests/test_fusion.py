@@ -115,6 +115,21 @@ def test_kmeans_deterministic_and_close_to_sklearn():
     torch.testing.assert_close(averaging_matrix(c) @ pts, a.centroids)
 
 
+@pytest.mark.parametrize("n,d,k,n_init", [(300, 17, 40, 2), (64, 5, 64, 1), (120, 9, 7, 3)])
+def test_kmeans_gram_seeding_equals_direct_distances(monkeypatch, n, d, k, n_init):
+    # k-means++ seeds from the points' Gram matrix when it fits (chapter 6's speed-up); the
+    # direct distances (the path for large n) must give the same clustering
+    import kernels.fusion as fusion
+
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(n + k), dtype=torch.float64)
+    with_gram = kmeans(x, k, n_init=n_init, generator=torch.Generator().manual_seed(3))
+    monkeypatch.setattr(fusion, "_GRAM_MAX_ENTRIES", 0)
+    direct = kmeans(x, k, n_init=n_init, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(with_gram.labels, direct.labels)
+    assert torch.allclose(with_gram.centroids, direct.centroids, rtol=0, atol=1e-12)
+    assert with_gram.inertia == pytest.approx(direct.inertia, rel=1e-12)
+
+
 def test_kmeans_restarts_never_worse():
     pts = torch.randn(120, 3, dtype=F64, generator=torch.Generator().manual_seed(4))
     one = kmeans(pts, 10, n_init=1, generator=torch.Generator().manual_seed(2))
