@@ -8,6 +8,7 @@ values as the local run; a worker killed mid-task does not lose its configuratio
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -210,6 +211,96 @@ def test_a_killed_chapter_resumes_from_its_stored_configurations(toy_project) ->
     assert f"[toya] 6 configurations: {kept} stored, {6 - kept} to compute" in log
     assert run_chapters._sweep_status(toy_project / "run" / "ci" / "toya.log").startswith("[toya] 6/6 done")
     assert read_glued(again.output) == expected
+
+
+# --- a real chapter killed midway resumes -------------------------------------------------
+
+#: Chapter 1 at a scale where one run takes about 30 CPU-s: every sweep of the chapter runs, each
+#: with a few configurations, and the explorer's 56 (activation, depth, width) states are the
+#: sweep the run is stopped in (its number of configurations does not depend on the parameters).
+NTK_SMALL = {"n_train": 32, "n_test": 64, "lazy_widths": [16, 64, 256], "lazy_steps": 50, "mc_samples": 20000,
+             "circle_points": 12, "error_widths": [64, 256], "error_inits": 2, "bias_widths": [4, 16],
+             "bias_draws": 256, "dyn_width": 128, "dyn_steps": 50, "ens_width": 64, "ens_members": 4,
+             "param_widths": [64, 256, 512], "param_inits": 2, "kr_widths": [16, 64], "kr_steps": 50,
+             "nt_points": 8}
+#: Chapter 1's sweeps in the order it runs them, with their numbers of configurations at NTK_SMALL.
+NTK_SWEEPS = {"ntk_lazy": 9, "ntk_error": 4, "ntk_bias": 4, "ntk_widget": 56, "ntk_ensemble": 4,
+              "ntk_param": 6, "ntk_kr": 6}
+NTK_STOPPED_IN = "ntk_widget"
+#: Glued wall-clock measurements: they differ between any two runs, stored results or not.
+NTK_TIMINGS = {"ntk_gram_speedup_vs_loop", "ntk_widget_seconds"}
+
+
+def _runner_cmd(out: Path, overrides: dict) -> list[str]:
+    return [sys.executable, str(ROOT / "book" / "tools" / "run_chapters.py"), "--no-cache", "--jobs", "1",
+            "--out", str(out)] + [f"--set={k}={json.dumps(v)}" for k, v in overrides.items()] + ["01_ntk"]
+
+
+def _wanted(chapter: str) -> bool:
+    wanted = [c.strip() for c in os.environ.get("NN_KERNELS_TEST_CHAPTERS", "").split(",") if c.strip()]
+    return not wanted or chapter in wanted
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _wanted("01_ntk"), reason="NN_KERNELS_TEST_CHAPTERS leaves out 01_ntk")
+def test_chapter_one_killed_midway_resumes_with_the_same_glued_values(tmp_path) -> None:
+    """Issue 28: chapter 1, run through the runner with an empty store, is stopped with Ctrl-C once
+    some of its explorer's configurations are stored; the rerun reads back every configuration
+    stored before the stop, computes the rest, and glues what an uninterrupted run glues."""
+    env = {**os.environ, "NN_KERNELS_THREADS": "1"}
+    env.pop(st.SCHEDULER_ENV, None)
+    # The uninterrupted reference (its own empty store) and the run to be stopped start together.
+    ref_store, store = tmp_path / "ref-store", tmp_path / "store"
+    ref = subprocess.Popen(_runner_cmd(tmp_path / "ref", NTK_SMALL), env={**env, st.STORE_ENV: str(ref_store)},
+                           start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(_runner_cmd(tmp_path / "run", NTK_SMALL), env={**env, st.STORE_ENV: str(store)},
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while st.ResultStore(store).count(NTK_STOPPED_IN) < 2:
+            assert proc.poll() is None, "the run ended before it was stopped:\n" + proc.stdout.read()
+            assert time.monotonic() < deadline, f"no {NTK_STOPPED_IN} configuration was stored within 600 s"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, out
+        ref_out, _ = ref.communicate(timeout=900)
+        assert ref.returncode == 0, ref_out
+    finally:
+        for p in (proc, ref):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    stored = {name: st.ResultStore(store).count(name) for name in NTK_SWEEPS}
+    kept = stored[NTK_STOPPED_IN]
+    assert 2 <= kept < NTK_SWEEPS[NTK_STOPPED_IN], (stored, out)
+    before = list(NTK_SWEEPS)[:list(NTK_SWEEPS).index(NTK_STOPPED_IN)]
+    assert all(stored[name] == NTK_SWEEPS[name] for name in before), stored
+    assert all(stored[name] == 0 for name in list(NTK_SWEEPS)[len(before) + 1:]), stored
+
+    # The rerun, as a reader would type it again.
+    again = subprocess.run(_runner_cmd(tmp_path / "run", NTK_SMALL), env={**env, st.STORE_ENV: str(store)},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout
+    # (a) it read back what was stored and computed only the rest (the sweeps' progress lines in its log)
+    log = (tmp_path / "run" / "ci" / "01_ntk.log").read_text()
+    for name in before:
+        n = NTK_SWEEPS[name]
+        assert f"[{name}] {n} configurations: {n} stored, 0 to compute" in log, name
+    n = NTK_SWEEPS[NTK_STOPPED_IN]
+    assert f"[{NTK_STOPPED_IN}] {n} configurations: {kept} stored, {n - kept} to compute" in log
+    for name in list(NTK_SWEEPS)[len(before) + 1:]:
+        assert f"[{name}] {NTK_SWEEPS[name]} configurations: 0 stored" in log, name
+    assert all(st.ResultStore(store).count(name) == n for name, n in NTK_SWEEPS.items())
+    ref_log = (tmp_path / "ref" / "ci" / "01_ntk.log").read_text()
+    assert all(f"[{name}] {n} configurations: 0 stored" in ref_log for name, n in NTK_SWEEPS.items())
+    # (b) and it glued what the uninterrupted run glued, wall-clock timings aside
+    expected = read_glued(tmp_path / "ref" / "ci" / "01_ntk.ipynb")
+    got = read_glued(tmp_path / "run" / "ci" / "01_ntk.ipynb")
+    assert set(got) == set(expected)
+    assert NTK_TIMINGS <= set(got)
+    differ = sorted(name for name in got if got[name] != expected[name] and name not in NTK_TIMINGS)
+    assert not differ, {name: (got[name], expected[name]) for name in differ}
 
 
 # --- the cluster: chapters and configurations on a 2-worker LocalCluster -------------------
