@@ -364,18 +364,30 @@ def distill(module: nn.Module, inputs: Tensor, outputs: Tensor, *, steps: int = 
 
 def replace_fusion_tuned(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None,
                          outputs: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,
-                         steps: int = 100, lr: float = 1e-4, n_init: int = 1, max_iter: int = 30) -> nn.Module:
+                         steps: int = 100, lr: float = 1e-4, n_init: int = 1, max_iter: int = 30,
+                         fused: Optional[nn.Module] = None) -> nn.Module:
     """MLP fusion followed by layer-wise task-specific tuning (Wei et al. 2023, Section 4.4,
     eq. 6) at the level of this block: AdamW (the paper's optimiser, default ``lr`` its
     ``1e-4``) on the MSE between the fused block's and the original block's outputs on
     ``inputs`` (:func:`distill`), ``steps`` steps. The fixed scaling ``P`` stays a buffer,
     so the second layer's gradient is multiplied by it, as in the paper. Needs
-    ``inputs``. Setting ``{"k": k, "steps": steps}``; the loss curve is ``.losses``."""
+    ``inputs``. ``fused``: a module :func:`replace_fusion` returned for this ``ffn`` and
+    ``budget``, whose copy is tuned instead of running the k-means again (chapter 7 tunes
+    the fusion it also measures untuned); ``generator`` then only orders the minibatches.
+    Setting ``{"k": k, "steps": steps}``; the loss curve is ``.losses``."""
     ffn = _check_ffn(ffn)
     budget = _check_budget(ffn, budget)
     x, y = _data(ffn, inputs, outputs, "fusion_tuned", required=True)
     gen = _generator(generator)
-    module = replace_fusion(ffn, budget, generator=gen, n_init=n_init, max_iter=max_iter)
+    if fused is None:
+        module = replace_fusion(ffn, budget, generator=gen, n_init=n_init, max_iter=max_iter)
+    elif (not isinstance(fused, nn.Module) or not isinstance(getattr(fused, "setting", None), dict)
+          or "k" not in fused.setting or fused.setting["k"] != _dense_width(ffn, budget, "fusion_tuned")):
+        raise ValueError("fused must be the module replace_fusion returned for this ffn and budget "
+                         f"(setting k = {_dense_width(ffn, budget, 'fusion_tuned')}), got "
+                         f"{getattr(fused, 'setting', type(fused).__name__)!r}")
+    else:
+        module = _copy.deepcopy(fused)
     losses = distill(module, x, y, steps=steps, lr=lr, generator=gen)
     module = _finish(module, ffn, {"k": module.setting["k"], "steps": int(steps)}, budget)
     module.losses = losses

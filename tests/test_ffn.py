@@ -8,6 +8,7 @@ LookupFFN path, closed-form parameter counts and torch's FlopCounterMode.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -383,3 +384,29 @@ def test_surgery_on_minilm():
         x5 = capture_ffn_io(replace_ffn(model, 4, mods[4]), [5], **batch)[5][0]
         want = model.encoder.layer[5].output.LayerNorm(mods[5](x5) + x5)
         torch.testing.assert_close(new(**batch).last_hidden_state, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fusion_tuned_from_a_given_fusion() -> None:
+    """fused= tunes a copy of the given fusion: the same as fusion + distill with that generator,
+    and the given module is left as it was."""
+    from kernels.ffn import distill
+
+    gen = torch.Generator().manual_seed(3)
+    ffn = FFN(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+    x = torch.randn(128, 16, generator=gen)
+    with torch.no_grad():
+        y = ffn(x)
+    budget = budget_for_hidden(ffn, 16)
+    fused = REPLACEMENTS["fusion"](ffn, budget, generator=torch.Generator().manual_seed(0))
+    before = [p.detach().clone() for p in fused.parameters()]
+    tuned = REPLACEMENTS["fusion_tuned"](ffn, budget, inputs=x, outputs=y, generator=torch.Generator().manual_seed(1),
+                                         steps=5, lr=1e-3, fused=fused)
+    assert all(torch.equal(a, b) for a, b in zip(before, fused.parameters()))
+    by_hand = copy.deepcopy(fused)
+    losses = distill(by_hand, x, y, steps=5, lr=1e-3, generator=torch.Generator().manual_seed(1))
+    assert tuned.losses == losses and tuned.setting == {"k": 16, "steps": 5}
+    for a, b in zip(tuned.parameters(), by_hand.parameters()):
+        torch.testing.assert_close(a, b)
+    other = REPLACEMENTS["fusion"](ffn, budget_for_hidden(ffn, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="fused"):
+        REPLACEMENTS["fusion_tuned"](ffn, budget, inputs=x, outputs=y, fused=other)

@@ -492,6 +492,26 @@ def test_encoder_tail_equals_the_full_model(minilm_batch) -> None:
             torch.testing.assert_close(mean_pool(from_attention, mask), mean_pool(full, mask), atol=1e-5, rtol=1e-5)
 
 
+def test_pooled_tail_equals_mean_pool_of_encoder_tail(minilm_batch) -> None:
+    from nnk_book import attention_output, encoder_tail, hidden_states, mean_pool, pooled_tail
+
+    model, ids, mask, types = minilm_batch
+    states = hidden_states(model, ids, mask, types)
+    for start in (4, len(model.encoder.layer) - 1):  # the padded route, then the packed one
+        att = attention_output(model, start, states[start], mask).requires_grad_(True)
+        want = mean_pool(encoder_tail(model, start, mask, attention=att), mask)
+        got = pooled_tail(model, start, mask, att)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        # gradients too (the packed route trains chapter 7's replaced block)
+        u = torch.randn(want.shape, generator=torch.Generator().manual_seed(start))
+        g_want = torch.autograd.grad((want * u).sum(), att)[0]
+        g_got = torch.autograd.grad((got * u).sum(), att)[0]
+        torch.testing.assert_close(g_got, g_want, atol=1e-5, rtol=1e-5)
+        assert float(g_got[~mask.bool()].abs().max()) == 0.0  # padding never reaches the embedding
+    with pytest.raises(ValueError, match="mask"):
+        pooled_tail(model, 5, mask[:, :8], att)
+
+
 def test_encoder_tail_rejects_bad_input(minilm_batch) -> None:
     from nnk_book import encoder_tail
 

@@ -9,6 +9,8 @@ output of that block once and run only the *tail* of the encoder from there:
 * :func:`attention_output`: one block's self-attention output on given hidden states;
 * :func:`encoder_tail`: the blocks ``start..`` from a block's input or from its
   self-attention output, and :func:`mean_pool`, the sentence embedding;
+* :func:`pooled_tail`: the two above in one, packed on the real tokens when only the
+  last block's FFN is left;
 * :func:`train_loop` with :func:`warmup_linear_decay` and :func:`random_batches`: the
   AdamW loop with a linear warm-up and linear decay of the learning rate, losses per step
   and an evaluation at checkpoints;
@@ -35,6 +37,7 @@ __all__ = [
     "hidden_states",
     "mean_pool",
     "plot_seed_losses",
+    "pooled_tail",
     "plot_smoothed",
     "random_batches",
     "smooth",
@@ -143,6 +146,26 @@ def encoder_tail(model: nn.Module, start: int, mask: Tensor, *, hidden: Optional
             x = layer(x, mask4)
             x = x[0] if isinstance(x, tuple) else x
     return x
+
+
+def pooled_tail(model: nn.Module, start: int, mask: Tensor, attention: Tensor) -> Tensor:
+    """``mean_pool(encoder_tail(model, start, mask, attention=attention), mask)``, the
+    sentence embeddings ``(n, p)`` of the blocks ``start..`` from block ``start``'s
+    self-attention output ``(n, T, p)``. When ``start`` is the last block only its FFN
+    sub-layer is left, which acts token by token; it then runs on the real tokens alone
+    (``mask`` 1), packed into one row, and each sentence's tokens are averaged with
+    ``index_add_``: the same values as the padded route up to rounding, without the padding's
+    work (a third of the tokens in chapter 7's teaching run). Otherwise the padded route.
+    Chapter 7 (fine-tuning and NTK of a replaced last block)."""
+    start = _check_start(model, start)
+    _check_mask(attention, mask)
+    if start < len(_layers(model)) - 1:
+        return mean_pool(encoder_tail(model, start, mask, attention=attention), mask)
+    keep = mask.bool()
+    rows = keep.nonzero()[:, 0]
+    out = _layers(model)[start].feed_forward_chunk(attention[keep][None])[0]
+    total = torch.zeros(mask.shape[0], out.shape[-1], dtype=out.dtype, device=out.device).index_add(0, rows, out)
+    return total / keep.sum(1, keepdim=True).to(out.dtype)
 
 
 def converged(values: Sequence[float], window: int = 1, nats: float = 0.03, relative: float = 0.10) -> tuple[bool, float]:
