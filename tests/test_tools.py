@@ -219,3 +219,23 @@ def test_adapter_epoch_sweep_settles_where_the_verdict_stops_changing() -> None:
     assert [r["verdict"] for r in rows] == ["tied", "tied", "ahead"]
     assert [r["epochs"] for r in rows] == [1, 2, 3]
     assert abs(rows[2]["snnk"][0] - 0.91) < 1e-12 and abs(rows[2]["bottleneck"][0] - 0.71) < 1e-12
+
+
+def test_lm_length_sweep_checks_its_lengths_and_records_what_the_chapter_compares() -> None:
+    sys.path.insert(0, str(ROOT / "book" / "tools"))
+    import nbformat
+    import record_lm_lengths as tool
+
+    assert tool.check_lengths([1200, 2400]) == [1200, 2400]
+    for bad in ([1200], [2400, 1200], [0, 600], [600, 600]):
+        with pytest.raises(ValueError, match="--steps"):
+            tool.check_lengths(bad)
+    with pytest.raises(SystemExit, match="--steps"):
+        tool.main(["--steps", "1200"])
+    # every recorded parameter exists in the chapter's parameters cell, and the chapter checks the
+    # same keys before it uses the record
+    params = tool._parameters_cell()
+    assert set(tool.LM_KEYS) <= set(params)
+    nb = nbformat.read(str(ROOT / "chapters" / f"{tool.CHAPTER}.ipynb"), as_version=4)
+    source = next(c.source for c in nb.cells if "LM_RECORD_KEYS = " in c.source)
+    assert f"LM_RECORD_KEYS = {tool.LM_KEYS!r}".replace("'", '"') in " ".join(source.split())

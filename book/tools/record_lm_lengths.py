@@ -1,0 +1,117 @@
+"""Record chapter 5's language-model comparison at longer training lengths, and its
+learning-rate sweep (issue 31, points 3 and 4).
+
+    python book/tools/record_lm_lengths.py                       # lengths 1200, 2400, 4800
+    python book/tools/record_lm_lengths.py --steps 1200 2400 --lrs 0.01 0.03 0.1
+
+Runs chapters/05_lookupffn.ipynb once at its teaching values with
+
+* ``lm_long_steps = --steps``: VanillaFFN and the first LookupFFN of the main table (same
+  size, seeds, batches and learning rates as the teaching run) trained for each length in
+  turn (a fresh run per length: the cosine schedule depends on the length), stopping at the
+  first length whose doubling moved each model's mean validation loss by less than the
+  chapter's ``lm_long_tol``;
+* ``lm_lr_sweep = --lrs``: both families (dense, lookup) trained at the teaching length with
+  every peak learning rate and every seed of ``lm_seeds``;
+
+and collects the per-seed validation losses the chapter writes to ``lm_sweep_out``. Every
+training run goes through the chapter's ``nnk_book.sweep`` (experiments ``lk_lm_long`` and
+``lk_lm_lr``), so a run stopped by Ctrl-C resumes where it was when started again. Writes
+``book/runs/sweeps/05_lookupffn.lm_lengths.json`` (atomically) with the date, commit,
+machine and the chapter parameters the values depend on; the chapter reads it in its
+language-model section, computes the verdict at every length (paired by seed) and says
+whether the last length met the criterion. About 9 CPU-minutes at one thread for the
+default lengths (the teaching run's own ~2 minutes included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "book"))
+from nnk_book.files import atomic_write_text  # noqa: E402
+
+CHAPTER = "05_lookupffn"
+OUT = ROOT / "book" / "runs" / "sweeps" / f"{CHAPTER}.lm_lengths.json"
+#: the chapter settings the recorded values depend on (the chapter checks they match its own)
+LM_KEYS = ("seed", "lm_dim", "lm_layers", "lm_heads", "lm_hidden", "lm_context", "lm_batch", "lm_steps", "lm_lr",
+           "lm_lookup_lr", "lm_seeds", "lm_eval_chars", "lm_lookup", "lm_block", "lm_long_tol", "lm_converge_tol")
+
+
+def check_lengths(steps: list[int]) -> list[int]:
+    """The training lengths, strictly increasing and at least 2 of them."""
+    if len(steps) < 2:
+        raise ValueError(f"--steps needs at least two lengths, got {steps}")
+    if any(s < 1 for s in steps) or any(b <= a for a, b in zip(steps, steps[1:])):
+        raise ValueError(f"--steps must be positive and increasing, got {steps}")
+    return steps
+
+
+def _parameters_cell() -> dict:
+    import nbformat
+
+    nb = nbformat.read(str(ROOT / "chapters" / f"{CHAPTER}.ipynb"), as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    ns: dict = {}
+    exec(cell.source, ns)  # noqa: S102 - the chapter's own parameters cell
+    return ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, nargs="+", default=[1200, 2400, 4800],
+                    help="training lengths, increasing (the chapter stops at the first that meets its criterion)")
+    ap.add_argument("--lrs", type=float, nargs="+", default=[0.01, 0.03, 0.1], help="peak learning rates of the sweep")
+    ap.add_argument("--seed", type=int, default=0, help="the chapter's seed parameter")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    try:
+        steps = check_lengths(args.steps)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    params = {**_parameters_cell(), "seed": args.seed}
+    with tempfile.TemporaryDirectory() as tmp:
+        values_path = Path(tmp) / "lm_sweep.json"
+        overrides = {"seed": args.seed, "lm_long_steps": steps, "lm_lr_sweep": args.lrs, "lm_sweep_out": str(values_path)}
+        profiles = Path(tmp) / "profiles.yaml"
+        profiles.write_text(json.dumps({"sweep": {CHAPTER: {"budget_s": 21600, "parameters": overrides}}}))
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, str(ROOT / "book" / "tools" / "run_chapters.py"), "--profile", "sweep",
+                        "--profiles", str(profiles), "--out", str(Path(tmp) / "run"), "--jobs", "1",
+                        "--no-cache", CHAPTER], check=True)
+        seconds = time.perf_counter() - t0
+        values = json.loads(values_path.read_text())
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    record = {
+        "chapter": CHAPTER,
+        "what": ("validation loss (nats per character) per seed of VanillaFFN and the first LookupFFN at each "
+                 "training length, and of both families at every peak learning rate of the sweep (teaching length)"),
+        "recorded": dt.date.today().isoformat(),
+        "commit": commit,
+        "seconds": round(seconds, 1),
+        "machine": {"cpu": platform.processor() or platform.machine(), "logical_cores": os.cpu_count(),
+                    "threads": int(os.environ.get("NN_KERNELS_THREADS", "0") or 0) or None},
+        "parameters": {k: params[k] for k in LM_KEYS},
+        "steps_asked": steps,
+        **values,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
+    last = values["lengths"][-1]
+    print(f"wrote {args.out}: lengths {[L['steps'] for L in values['lengths']]}, last {last['steps']} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
