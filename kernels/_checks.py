@@ -30,7 +30,19 @@ The rules (issue 30; every public function of ``kernels`` follows them, and
   (the limit of training), see :func:`check_times`.
 * **Modules and dtypes**: model arguments must be ``nn.Module`` instances
   (:func:`check_module`); ``dtype`` arguments real floating ``torch.dtype`` objects
-  (:func:`check_float_dtype`), not strings.
+  (:func:`check_float_dtype`), not strings. ``generator`` arguments are ``None`` or a
+  ``torch.Generator`` (:func:`check_generator`), a CPU one where the draws happen on
+  the CPU.
+* **Inputs of a module's forward** are checked in O(1), because a forward runs in
+  training loops (:func:`check_input`): a tensor with the dtype and on the device of
+  the module's parameters, of shape ``(..., features)``. NaN and Inf are not scanned
+  for there; they propagate as through the layer's own operations. The feature maps
+  ``URFMap`` and ``ReLUMap`` have two towers and no forward: calling one is a
+  ``TypeError`` that says to call ``.phi(x)`` or ``.psi(weight, bias)``.
+* **Code passed in** (a model, an ``output_fn``, an FFN given as a function) must be
+  callable (:func:`check_callable`); when it fails on the inputs it was given, the
+  error names the argument it came from and chains the original
+  (:func:`call_user_code`).
 * **Choices** are exact strings from a documented set (:func:`check_choice`).
 """
 from __future__ import annotations
@@ -56,6 +68,10 @@ __all__ = [
     "check_dtype_kind",
     "check_module",
     "check_float_dtype",
+    "check_generator",
+    "check_callable",
+    "check_input",
+    "call_user_code",
 ]
 
 
@@ -119,14 +135,88 @@ def check_module(name: str, value: Any) -> Any:
     return value
 
 
-def check_float_dtype(name: str, value: Any, *, allow_none: bool = False) -> Optional[torch.dtype]:
-    """A real floating ``torch.dtype`` (``None`` too where ``allow_none``); strings such as
-    ``"float32"``, integer, bool and complex dtypes are refused."""
+def check_float_dtype(name: str, value: Any, *, allow_none: bool = False,
+                      none_is_default: bool = False) -> Optional[torch.dtype]:
+    """A real floating ``torch.dtype`` (``None`` too where ``allow_none``, returned as it
+    is, or where ``none_is_default``, returned as ``torch.get_default_dtype()``); strings
+    such as ``"float32"``, integer, bool and complex dtypes are refused."""
+    if value is None and none_is_default:
+        return torch.get_default_dtype()
     if value is None and allow_none:
         return None
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
         raise TypeError(f"{name} must be a floating-point torch.dtype (torch.float32 or torch.float64), got {value!r}")
     return value
+
+
+def check_generator(name: str, value: Any) -> Optional[torch.Generator]:
+    """``None`` or a ``torch.Generator`` (``TypeError`` naming the argument otherwise); see
+    :func:`cpu_generator` for the functions whose draws must come from a CPU generator."""
+    if value is not None and not isinstance(value, torch.Generator):
+        raise TypeError(f"{name} must be a torch.Generator or None, got {type(value).__name__}")
+    return value
+
+
+def check_callable(name: str, value: Any) -> Any:
+    """A callable (a module or a function), ``TypeError`` naming the argument otherwise."""
+    if not callable(value):
+        raise TypeError(f"{name} must be callable (an nn.Module or a function), got {type(value).__name__}")
+    return value
+
+
+def check_input(name: str, value: Any, features: int, like: Optional[torch.Tensor] = None, *,
+                what: str = "in_features", min_ndim: int = 1, match_dtype: bool = True) -> torch.Tensor:
+    """The check at a module's ``forward``: a ``(..., features)`` tensor (at least
+    ``min_ndim`` dimensions) of a real floating dtype on a supported device and, where
+    ``like`` (one of the module's parameters or buffers) is given, on its device and
+    (``match_dtype``) with its dtype. ``what`` names ``features`` in the message
+    (``"d_model"``, ``"in_features"``).
+
+    Cheap by design -- a forward runs in training loops: type, dtype, device and shape
+    only, O(1), no pass over the entries (NaN and Inf propagate as through the layer's
+    own operations) and no host-device synchronisation."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if like is not None and value.dtype is like.dtype and value.device == like.device:
+        pass  # the common case: the parameters' dtype (real floating) and device
+    else:
+        check_tensor_device(name, value)
+        check_dtype_kind(name, value)
+        if like is not None and match_dtype and value.dtype is not like.dtype:
+            raise TypeError(
+                f"{name} has dtype {value.dtype} but the module's parameters are {like.dtype}; "
+                f"convert one of them ({name}.to({like.dtype}) or module.to({value.dtype}))"
+            )
+        if like is not None and value.device != like.device:
+            raise ValueError(
+                f"{name} is on {value.device} but the module's parameters are on {like.device}; "
+                "move one of them with .to()"
+            )
+    shape = value.shape
+    if len(shape) < min_ndim or shape[-1] != features:
+        rank = f", at least {min_ndim} dimensions" if min_ndim > 1 else ""
+        raise ValueError(
+            f"{name} must have shape (..., {features}) ({what}={features}{rank}), got shape "
+            f"{tuple(shape)}"
+        )
+    return value
+
+
+def call_user_code(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` for code the caller passed in (a model's forward, an
+    ``output_fn``), whose failure inside torch would name nothing the user wrote: a
+    ``TypeError`` is raised again as a ``TypeError``, a ``ValueError``, ``RuntimeError``
+    or ``IndexError`` as a ``ValueError``, the message starting with ``what`` (which
+    names the arguments, e.g. ``"output_fn(model, x1)"``); the original is chained.
+    Out-of-memory errors pass through."""
+    try:
+        return fn(*args, **kwargs)
+    except torch.OutOfMemoryError:
+        raise
+    except TypeError as exc:
+        raise TypeError(f"{what} failed: {exc}") from exc
+    except (ValueError, RuntimeError, IndexError) as exc:
+        raise ValueError(f"{what} failed ({type(exc).__name__}: {exc})") from exc
 
 
 def check_index_tensor(name: str, value: Any, *, ndim: Optional[int | Sequence[int]] = None,

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from kernels._checks import (
     check_choice,
+    check_input,
     check_nonempty,
     check_positive_float,
     check_positive_int,
@@ -215,7 +216,13 @@ def softmax_features(
 
     :math:`\\phi(x)^\\top \\phi(y)` is an unbiased estimate of :math:`\\exp(x^\\top y)` for
     Gaussian ``projections`` and every ``A < 1/4``; the entries are positive for real
-    ``x`` and bounded when ``A < 0`` (Remark 3.1). ``x`` may be complex (URFs).
+    ``x`` and bounded when ``A < 0`` (Remark 3.1).
+
+    Complex ``x`` is accepted -- the one exception to the package's rule that data
+    tensors are real floating (:mod:`kernels._checks`, the book's "Input rules" page):
+    eq. 8 is analytic in ``x``, and the universal random features of chapter 2
+    evaluate it at imaginary arguments :math:`i\alpha x`. The result is then complex
+    (complex64 or complex128, as ``x``). ``projections`` must be real floating.
 
     Shapes: ``x`` (..., d), ``projections`` (m, d) -> (..., m). Cost O(m d) per input.
     Computed in log space; a :class:`FeatureOverflowWarning` says when the dtype's range is
@@ -225,6 +232,8 @@ def softmax_features(
     # uses it, and the result is then complex), so it is the one documented exception
     # to the "real floating" rule of kernels._checks.
     check_tensor("x", x, complex_ok=True)
+    if x.ndim == 0:
+        raise ValueError("x must have shape (..., d), got a 0-d tensor")
     check_tensor("projections", projections, ndim=2)
     check_nonempty("projections", projections, 0, "row (random feature)")
     if x.shape[-1] != projections.shape[-1]:
@@ -522,11 +531,21 @@ class URFMap(nn.Module):
             f"num_features={self.num_features}, out_features={self.out_features}, A={self.A}"
         )
 
+    def forward(self, x: Tensor) -> Tensor:
+        """Not defined: a feature map has two towers. Call :meth:`phi` for the features
+        of inputs ``x`` and :meth:`psi` for those of a layer's weights."""
+        raise TypeError(
+            f"{type(self).__name__} has no forward: call .phi(x) for the features of inputs x, "
+            "or .psi(weight, bias) for the features of a layer's weights"
+        )
+
     def phi(self, x: Tensor) -> Tensor:
-        """Input tower :math:`\\Phi_f(x)`: (..., d) -> (..., M)."""
-        check_tensor("x", x)
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x must have {self.in_features} features, got shape {tuple(x.shape)}")
+        """Input tower :math:`\\Phi_f(x)`: (..., d) -> (..., M), in ``x``'s dtype.
+
+        The forward of every SNNK layer runs through it, so ``x`` is checked in O(1)
+        (type, dtype, device, shape): NaN and Inf are not scanned for and propagate to
+        the features."""
+        check_input("x", x, self.in_features, self.projections, match_dtype=False)
         a, g = self.A, self.projections.to(x.dtype)
         d, m = self.in_features, self.num_features
         alpha = self.alphas.to(x.dtype)
@@ -611,6 +630,8 @@ def arccos_features(x: Tensor, projections: Tensor, order: int = 1) -> Tensor:
     Shapes: (..., d), (m, d) -> (..., m). Cost O(m d). Chapter 2.
     """
     check_tensor("x", x)
+    if x.ndim == 0:
+        raise ValueError("x must have shape (..., d), got a 0-d tensor")
     check_tensor("projections", projections, ndim=2)
     check_nonempty("projections", projections, 0, "row (random feature)")
     if isinstance(order, bool) or order not in (0, 1, 2):
@@ -660,6 +681,14 @@ class ReLUMap(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, num_features={self.num_features}, bias={self.bias}"
 
+    def forward(self, x: Tensor) -> Tensor:
+        """Not defined: a feature map has two towers. Call :meth:`phi` for the features
+        of inputs ``x`` and :meth:`psi` for those of a layer's weights."""
+        raise TypeError(
+            f"{type(self).__name__} has no forward: call .phi(x) for the features of inputs x, "
+            "or .psi(weight, bias) for the features of a layer's weights"
+        )
+
     def _augment(self, v: Tensor, extra: Optional[Tensor]) -> Tensor:
         if not self.bias:
             return v
@@ -668,10 +697,9 @@ class ReLUMap(nn.Module):
         return torch.cat([v, extra[..., None].to(v.dtype)], dim=-1)
 
     def phi(self, x: Tensor) -> Tensor:
-        """Input tower: (..., d) -> (..., m)."""
-        check_tensor("x", x)
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x must have {self.in_features} features, got shape {tuple(x.shape)}")
+        """Input tower: (..., d) -> (..., m), in ``x``'s dtype. Checked in O(1) as
+        :meth:`URFMap.phi`: NaN and Inf propagate."""
+        check_input("x", x, self.in_features, self.projections, match_dtype=False)
         z = self._augment(x, None) @ self.projections.to(x.dtype).T
         return torch.relu(z) / math.sqrt(self.num_features)
 

@@ -29,7 +29,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels._checks import check_positive_int, check_tensor, cpu_generator
+from kernels._checks import (
+    check_module,
+    check_nonempty,
+    check_nonnegative_float,
+    check_positive_float,
+    check_positive_int,
+    check_same_dtype,
+    check_tensor,
+    cpu_generator,
+)
 from kernels.snnk import bert_snnk_counts
 from kernels.surgery import (  # the surgery, re-exported: kernels.ffn.find_ffn_sites etc.
     FFN,
@@ -119,7 +128,11 @@ def _macs_per_token(module: nn.Module) -> int:
         return module.d_model * module.experts + 2 * module.d_model * module.hidden
     if isinstance(module, VanillaFFN):
         return 2 * module.d_model * module.hidden
-    raise TypeError(f"multiply_adds is not defined for a {type(module).__name__}")
+    raise TypeError(
+        f"module must be a module a replacement method returns (FFNModule, a linear layer, BundledNetwork, "
+        f"LookupFFN, BlockDiagonalFFN, Top1MoEFFN, VanillaFFN): multiply_adds is not defined for a "
+        f"{type(module).__name__}"
+    )
 
 
 def multiply_adds(module: nn.Module, tokens: int = 1) -> int:
@@ -333,17 +346,44 @@ def distill(module: nn.Module, inputs: Tensor, outputs: Tensor, *, steps: int = 
     without replacement (from ``generator``; a new permutation each pass). Trains all
     parameters of ``module`` in place; returns the loss of every step (the curve the
     chapter plots). Cost ``steps`` forward/backward passes of ``batch_size`` rows."""
+    check_module("module", module)
+    check_tensor("inputs", inputs, ndim=2)
+    check_tensor("outputs", outputs, ndim=2)
+    check_nonempty("inputs", inputs, 0, "row")
+    if outputs.shape[0] != inputs.shape[0]:
+        raise ValueError(f"inputs and outputs must have the same number of rows, got shapes "
+                         f"{tuple(inputs.shape)} and {tuple(outputs.shape)}")
+    check_same_dtype(("inputs", inputs), ("outputs", outputs))
+    if outputs.device != inputs.device:
+        raise ValueError(f"inputs and outputs must be on one device, got {inputs.device} and {outputs.device}")
     steps = check_positive_int("steps", steps)
     batch_size = check_positive_int("batch_size", batch_size)
+    lr = check_positive_float("lr", lr)
+    weight_decay = check_nonnegative_float("weight_decay", weight_decay)
     gen = _generator(generator)
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise ValueError("module has no trainable parameter to distill")
-    opt = torch.optim.AdamW(params, lr=float(lr), weight_decay=float(weight_decay))
+    was_training = module.training
+    try:  # one row first (eval mode: no dropout draw), so a module that cannot take inputs says so
+        module.eval()
+        with torch.no_grad():
+            probe = module(inputs[:1])
+    except torch.OutOfMemoryError:
+        raise
+    except (TypeError, ValueError, RuntimeError, IndexError) as exc:
+        raise ValueError(f"module cannot take inputs of shape {tuple(inputs.shape)} and dtype "
+                         f"{inputs.dtype} ({type(exc).__name__}: {exc})") from exc
+    finally:
+        module.train(was_training)
+    if not isinstance(probe, Tensor) or tuple(probe.shape) != (1, outputs.shape[1]) or probe.dtype != outputs.dtype:
+        raise ValueError(f"module maps inputs to {type(probe).__name__} {tuple(getattr(probe, 'shape', ()))} "
+                         f"{getattr(probe, 'dtype', '')} per row, but outputs has rows of shape "
+                         f"({outputs.shape[1]},) and dtype {outputs.dtype}")
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     n = inputs.shape[0]
     losses: list[float] = []
     order, pos = torch.randperm(n, generator=gen), 0
-    was_training = module.training
     module.train()
     try:
         with torch.enable_grad():

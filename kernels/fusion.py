@@ -69,7 +69,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels._checks import check_choice, check_index_tensor, check_positive_int, check_tensor, cpu_generator
+from kernels._checks import (
+    check_callable,
+    check_choice,
+    check_index_tensor,
+    check_module,
+    check_positive_float,
+    check_positive_int,
+    check_same_dtype,
+    check_tensor,
+    cpu_generator,
+)
 from kernels.linear import CompressedLinear, LowRankLinear
 from kernels.surgery import bert_layers, find_ffn_sites
 
@@ -390,6 +400,9 @@ def mmd2(x: Tensor, y: Tensor, bandwidth: float) -> Tensor:
     y = check_tensor("y", y, ndim=2)
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y must have the same number of columns, got {x.shape[1]} and {y.shape[1]}")
+    check_same_dtype(("x", x), ("y", y))
+    if x.device != y.device:
+        raise ValueError(f"x and y must be on one device, got {x.device} and {y.device}")
     if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
         raise ValueError(f"bandwidth must be a positive number, got {bandwidth!r}")
     gamma = 1.0 / (2.0 * float(bandwidth) ** 2)
@@ -750,9 +763,16 @@ def compress_sequential(
     generator: Optional[torch.Generator] = None,
     **kwargs,
 ) -> nn.Sequential:
-    """A new ``Sequential(linear1', activation, linear2')``: ``mlp`` compressed with
+    """A new ``Sequential(linear1', activation, linear2')``: ``mlp`` (an
+    ``nn.Sequential(Linear(p, p_I), activation, Linear(p_I, p))``) compressed with
     :func:`compress_mlp` (``mlp`` itself is not modified)."""
-    (block,) = find_ffn_blocks(mlp)
+    if not isinstance(mlp, nn.Sequential):
+        raise TypeError(f"mlp must be an nn.Sequential(Linear(p, p_I), activation, Linear(p_I, p)), got "
+                        f"{type(mlp).__name__}")
+    try:
+        (block,) = find_ffn_blocks(mlp)
+    except ValueError as exc:
+        raise ValueError(f"mlp: {exc}") from None
     l1, l2 = compress_mlp(block.linear1, block.linear2, k, method=method, generator=generator, **kwargs)
     return nn.Sequential(l1, copy.deepcopy(mlp[1]), l2)
 
@@ -781,22 +801,7 @@ def compress_model(
         raise TypeError(f"inplace must be a bool, got {inplace!r}")
     target = model if inplace else copy.deepcopy(model)
     blocks = find_ffn_blocks(target)
-    n = len(blocks)
-    if layers is None:
-        chosen = list(range(n))
-    else:
-        if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
-            raise TypeError(f"layers must be a sequence of layer indices, got {layers!r}")
-        chosen = []
-        for layer in layers:
-            if isinstance(layer, bool) or not hasattr(layer, "__index__"):
-                raise TypeError(f"layers must hold integers, got {layer!r}")
-            layer = int(layer)
-            if not -n <= layer < n:
-                raise ValueError(f"layers must lie in [{-n}, {n}) for a model with {n} FFN blocks, got {layer}")
-            chosen.append(layer % n)
-        if len(set(chosen)) != len(chosen):
-            raise ValueError(f"layers must not repeat a layer, got {list(layers)}")
+    chosen = _check_layers(layers, len(blocks))
     gen = _generator(generator)
     for layer in chosen:
         block = blocks[layer]
@@ -810,11 +815,31 @@ def compress_model(
     return target
 
 
+def _check_layers(layers: object, n: int) -> list[int]:
+    """``layers``: ``None`` (all ``n`` FFN blocks) or a sequence of distinct block indices in
+    ``[-n, n)``; returned as indices in ``[0, n)``."""
+    if layers is None:
+        return list(range(n))
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+        raise TypeError(f"layers must be a sequence of layer indices, got {layers!r}")
+    chosen = []
+    for layer in layers:
+        if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+            raise TypeError(f"layers must hold integers, got {layer!r}")
+        layer = int(layer)
+        if not -n <= layer < n:
+            raise ValueError(f"layers must lie in [{-n}, {n}) for a model with {n} FFN blocks, got {layer}")
+        chosen.append(layer % n)
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"layers must not repeat a layer, got {list(layers)}")
+    return chosen
+
+
 def mlp_parameter_count(model: nn.Module, layers: Optional[Sequence[int]] = None) -> int:
     """Parameters of the FFN blocks ``layers`` of ``model`` (``None``: all), counting only
     unmasked weight entries of pruned layers."""
     blocks = find_ffn_blocks(model)
-    chosen = range(len(blocks)) if layers is None else [int(l) % len(blocks) for l in layers]
+    chosen = _check_layers(layers, len(blocks))
     total = 0
     for i in chosen:
         for lin in (blocks[i].linear1, blocks[i].linear2):
@@ -994,21 +1019,61 @@ def ffn_output_error(
     ``x``: ``(n, T, p)`` FFN inputs (or ``(n, p)``); ``mask``: ``(n, T)`` 1 for real
     tokens (``None``: all). Returns a float.
     """
+    check_callable("ffn_ref", ffn_ref)
+    check_callable("ffn_new", ffn_new)
     x = check_tensor("x", x, ndim=(2, 3))
     if x.ndim == 2:
         x = x[:, None, :]
     if mask is None:
         mask = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device)
-    elif tuple(mask.shape) != tuple(x.shape[:2]):
-        raise ValueError(f"mask must have shape {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
+    else:
+        check_tensor("mask", mask, floating=False)
+        if tuple(mask.shape) != tuple(x.shape[:2]):
+            raise ValueError(f"mask must have shape {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
+        if mask.device != x.device:
+            raise ValueError(f"mask must be on x's device {x.device}, got {mask.device}")
+    outs = []
     with torch.no_grad():
-        diff = (ffn_new(x) - ffn_ref(x)).to(torch.float64) * mask[..., None].to(torch.float64)
+        for name, ffn in (("ffn_new", ffn_new), ("ffn_ref", ffn_ref)):
+            try:
+                out = ffn(x)
+            except torch.OutOfMemoryError:
+                raise
+            except (TypeError, ValueError, RuntimeError, IndexError) as exc:
+                raise ValueError(f"{name} cannot take x of shape {tuple(x.shape)} and dtype {x.dtype} "
+                                 f"({type(exc).__name__}: {exc})") from exc
+            if not isinstance(out, Tensor) or out.ndim != 3 or tuple(out.shape[:2]) != tuple(x.shape[:2]):
+                raise ValueError(f"{name} must map x (n, T, p) to (n, T, p'), got "
+                                 f"{tuple(getattr(out, 'shape', ())) or type(out).__name__}")
+            outs.append(out)
+        new, ref = outs
+        if new.shape != ref.shape:
+            raise ValueError(f"ffn_new and ffn_ref must give outputs of one shape, got {tuple(new.shape)} "
+                             f"and {tuple(ref.shape)}")
+        diff = (new - ref).to(torch.float64) * mask[..., None].to(torch.float64)
         return float(diff.pow(2).sum(dim=(1, 2)).sqrt().mean())
 
 
 # --------------------------------------------------------------------------------------
 # Layer-wise task-specific tuning (eq. 6)
 # --------------------------------------------------------------------------------------
+
+
+def _hidden_states(name: str, model: nn.Module, batch: dict) -> tuple:
+    """The layer outputs ``model(**batch, output_hidden_states=True).hidden_states[1:]``,
+    or a ``ValueError`` naming ``name`` when the model cannot give them."""
+    try:
+        out = model(**batch, output_hidden_states=True)
+    except torch.OutOfMemoryError:
+        raise
+    except (TypeError, ValueError, RuntimeError, IndexError) as exc:
+        raise ValueError(f"{name}(**batch, output_hidden_states=True) failed ({type(exc).__name__}: {exc}); "
+                         f"{name} must be a transformers-style model taking the batches' keys") from exc
+    states = getattr(out, "hidden_states", None)
+    if not isinstance(states, (tuple, list)) or not all(isinstance(h, Tensor) for h in states):
+        raise ValueError(f"{name} must return an output with .hidden_states (a tuple of tensors) when called "
+                         f"with output_hidden_states=True, got {type(out).__name__}")
+    return tuple(states[1:])
 
 
 def layerwise_tuning(
@@ -1029,11 +1094,19 @@ def layerwise_tuning(
     One AdamW step per batch (the paper: one epoch). Returns the loss of every step.
     Padding tokens are excluded from the MSE when ``attention_mask`` is given.
     """
-    blocks = find_ffn_blocks(student)
+    check_module("student", student)
+    check_module("teacher", teacher)
+    lr = check_positive_float("lr", lr)
+    if isinstance(batches, (str, bytes, Tensor, dict)) or not isinstance(batches, Iterable):
+        raise TypeError(f"batches must be an iterable of dicts of model inputs, got {type(batches).__name__}")
+    try:
+        blocks = find_ffn_blocks(student)
+    except ValueError as exc:
+        raise ValueError(f"student: {exc}") from None
     if layers is None:
         chosen = [i for i, b in enumerate(blocks) if isinstance(b.linear1, (CompressedLinear, LowRankLinear))]
     else:
-        chosen = [int(l) % len(blocks) for l in layers]
+        chosen = _check_layers(layers, len(blocks))
     if not chosen:
         raise ValueError("student has no compressed FFN block to tune")
     params = []
@@ -1047,9 +1120,14 @@ def layerwise_tuning(
     losses = []
     try:
         for batch in batches:
+            if not isinstance(batch, dict) or not all(isinstance(k, str) for k in batch):
+                raise TypeError(f"batches must yield dicts of keyword arguments, got {type(batch).__name__}")
             with torch.no_grad():
-                target = teacher(**batch, output_hidden_states=True).hidden_states[1:]
-            got = student(**batch, output_hidden_states=True).hidden_states[1:]
+                target = _hidden_states("teacher", teacher, batch)
+            got = _hidden_states("student", student, batch)
+            if [tuple(h.shape) for h in got] != [tuple(h.shape) for h in target]:
+                raise ValueError("student and teacher must give hidden states of the same shapes, got "
+                                 f"{[tuple(h.shape) for h in got]} and {[tuple(h.shape) for h in target]}")
             m = batch.get("attention_mask")
             w = None if m is None else m[..., None].to(got[0].dtype)
             loss = 0.0

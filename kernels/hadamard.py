@@ -53,6 +53,7 @@ from kernels._checks import (
     check_choice,
     check_dtype_kind,
     check_float_dtype,
+    check_input,
     check_positive_int,
     check_tensor,
 )
@@ -86,7 +87,10 @@ PROJECTION_KINDS = ("dense", "bh", "acdc")
 
 
 def is_power_of_two(n: int) -> bool:
-    """True for 1, 2, 4, 8, ..."""
+    """True for 1, 2, 4, 8, ... (``n`` a Python/NumPy integer; ``TypeError`` otherwise)."""
+    if isinstance(n, bool) or not hasattr(n, "__index__"):
+        raise TypeError(f"n must be an integer, got {n!r}")
+    n = int(n)
     return n > 0 and n & (n - 1) == 0
 
 
@@ -340,13 +344,15 @@ class DenseProjection(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        check_float_dtype("dtype", dtype)
         self.in_features = check_positive_int("in_features", in_features)
         self.out_features = check_positive_int("out_features", out_features)
         weight = torch.randn(in_features, out_features, generator=generator, dtype=dtype)
         self.weight = nn.Parameter(weight / math.sqrt(in_features))
 
     def forward(self, x: Tensor) -> Tensor:
-        return _check_projection_input(x, self.in_features) @ self.weight
+        check_input("x", x, self.in_features, self.weight)
+        return x @ self.weight
 
     def dense_matrix(self) -> Tensor:
         return self.weight.detach().clone()

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels._checks import check_tensor
+from kernels._checks import check_input, check_tensor
 
 __all__ = [
     "CompressedLinear",
@@ -86,6 +86,7 @@ class CompressedLinear(nn.Module):
         return self.weight if self.mask is None else self.weight * self.mask
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.weight.shape[1], self.weight)
         return F.linear(x * self.scale, self.effective_weight(), self.bias)
 
     def extra_repr(self) -> str:
@@ -138,6 +139,7 @@ class LowRankLinear(nn.Module):
         return self.u @ self.v
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.v.shape[1], self.v)
         out = F.linear(F.linear(x, self.v), self.u)
         return out if self.bias is None else out + self.bias
 

@@ -81,6 +81,7 @@ from torch import Tensor, nn
 from kernels._checks import (
     check_float_dtype,
     check_choice,
+    check_input,
     check_nonnegative_float,
     check_positive_int,
     check_same_feature_dim,
@@ -664,6 +665,7 @@ class LookupFFN(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        check_float_dtype("dtype", dtype)
         self._table_dtype: Optional[torch.dtype] = None
         self._rounded: Optional[tuple[tuple, Tensor, Optional[Tensor]]] = None
         self.d_model = check_positive_int("d_model", d_model)
@@ -855,6 +857,7 @@ class VanillaFFN(nn.Module):
         self.b2 = nn.Parameter(torch.zeros(d_model, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.d_model, self.w1, what="d_model")
         return torch.addmm(self.b2, F.gelu(torch.addmm(self.b1, x.reshape(-1, self.d_model), self.w1)), self.w2).reshape(x.shape)
 
 
@@ -873,6 +876,7 @@ class BlockDiagonalFFN(nn.Module):
         dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        check_float_dtype("dtype", dtype)
         self.d_model = check_positive_int("d_model", d_model)
         self.hidden = check_positive_int("hidden", hidden)
         self.groups = check_positive_int("groups", groups)
@@ -885,6 +889,7 @@ class BlockDiagonalFFN(nn.Module):
         self.b2 = nn.Parameter(torch.zeros(d_model, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.d_model, self.w1, what="d_model")
         g = self.groups
         xs = x.reshape(-1, g, self.d_model // g).transpose(0, 1)  # (g, n, d/g)
         hid = F.gelu(torch.baddbmm(self.b1, xs, self.w1))  # (g, n, hidden/g)
@@ -923,6 +928,7 @@ class Top1MoEFFN(nn.Module):
         self.b2 = nn.Parameter(torch.zeros(e, d, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.d_model, self.router, what="d_model")
         flat = x.reshape(-1, self.d_model)
         probs = torch.softmax(flat @ self.router, dim=-1)
         top_p, top_e = probs.max(dim=-1)
@@ -1019,9 +1025,7 @@ class LSHSparseFFN(nn.Module):
             return lsh_active_mask(x.reshape(-1, self.d_model), self.w1, self.planes)
 
     def forward(self, x: Tensor) -> Tensor:
-        check_tensor("x", x, finite=False)
-        if x.ndim == 0 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have last dimension {self.d_model} (d_model), got shape {tuple(x.shape)}")
+        check_input("x", x, self.d_model, self.w1, what="d_model")
         flat = x.reshape(-1, self.d_model)
         mask = self.active_mask(flat)
         hid = F.relu(torch.addmm(self.b1, flat, self.w1.T)) * mask
@@ -1059,7 +1063,8 @@ def block_diagonal_ffn_flops(d_model: int, hidden: int, groups: int) -> int:
 def moe_ffn_flops(d_model: int, hidden_per_expert: int, experts: int) -> int:
     """FLOP per token of :class:`Top1MoEFFN`: the router plus one expert."""
     d = check_positive_int("d_model", d_model)
-    return 2 * d * check_positive_int("experts", experts) + vanilla_ffn_flops(d, hidden_per_expert)
+    hidden = check_positive_int("hidden_per_expert", hidden_per_expert)
+    return 2 * d * check_positive_int("experts", experts) + vanilla_ffn_flops(d, hidden)
 
 
 def lookup_ffn_flops(

@@ -47,13 +47,14 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from typing import Mapping, Optional, Sequence, Tuple, Union
+from typing import Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
 from kernels._checks import (
     check_float_dtype,
+    check_input,
     check_nonempty,
     check_nonnegative_float,
     check_positive_float,
@@ -207,12 +208,7 @@ class SNNKLinear(nn.Module):
 
     def features(self, x: Tensor) -> Tensor:
         """:math:`\\Phi(x / s)` with s = ``input_scale``: (..., d) -> (..., M)."""
-        check_tensor("x", x, finite=False)
-        if x.dtype != self.omega.dtype:
-            raise TypeError(
-                f"x must have the layer's dtype {self.omega.dtype}, got {x.dtype} (convert the "
-                "input with .to(), or the layer with .to(dtype))"
-            )
+        check_input("x", x, self.in_features, self.omega)
         if self.input_scale != 1.0:
             x = x / self.input_scale
         return self.feature_map.phi(x)
@@ -293,6 +289,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         w, b = self.linear.weight, self.linear.bias
+        check_input("x", x, w.shape[1], w)
         if self.activation == "relu":
             from kernels.features import arccos_kernel
 
@@ -347,6 +344,7 @@ class BottleneckAdapter(nn.Module):
     def __init__(self, dim: int, bottleneck: int, *, generator: Optional[torch.Generator] = None,
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
+        check_float_dtype("dtype", dtype)
         d = check_positive_int("dim", dim)
         k = check_positive_int("bottleneck", bottleneck)
         w, b = _linear_init(k, d, generator, dtype)
@@ -359,6 +357,7 @@ class BottleneckAdapter(nn.Module):
             self.up.bias.zero_()
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.down.in_features, self.down.weight, what="dim")
         return x + self.up(torch.nn.functional.gelu(self.down(x)))
 
 
@@ -479,8 +478,7 @@ class BundledNetwork(nn.Module):
         input_scale: float = 1.0,
     ) -> None:
         super().__init__()
-        if len(feature_maps) == 0:
-            raise ValueError("feature_maps must contain at least one feature map")
+        feature_maps = _check_feature_maps(feature_maps)
         self.feature_maps = nn.ModuleList(feature_maps)
         self.input_scale = check_positive_float("input_scale", input_scale)
         check_tensor("weight", weight, ndim=2)
@@ -492,7 +490,10 @@ class BundledNetwork(nn.Module):
         self.weight = nn.Parameter(weight.detach().clone())
         if bias is None:
             bias = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
-        self.bias = nn.Parameter(bias.detach().clone())
+        check_tensor("bias", bias, ndim=1)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias must have {weight.shape[0]} entries (weight's rows), got shape {tuple(bias.shape)}")
+        self.bias = nn.Parameter(bias.detach().clone().to(device=weight.device, dtype=weight.dtype))
 
     @classmethod
     def untrained(
@@ -526,6 +527,7 @@ class BundledNetwork(nn.Module):
         return _apply_maps(self.feature_maps, x, self.input_scale)
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.feature_maps[0].in_features, self.weight)
         return self.features(x) @ self.weight.T + self.bias
 
     @torch.no_grad()
@@ -578,9 +580,7 @@ class FeatureTower(nn.Module):
 
     def __init__(self, feature_maps: Union[FeatureMap, Sequence[FeatureMap]], *, input_scale: float = 1.0) -> None:
         super().__init__()
-        maps = [feature_maps] if isinstance(feature_maps, (URFMap, ReLUMap)) else list(feature_maps)
-        if not maps or not all(isinstance(f, (URFMap, ReLUMap)) for f in maps):
-            raise TypeError("feature_maps must be a URFMap/ReLUMap or a non-empty sequence of them")
+        maps = _check_feature_maps(feature_maps)
         self.feature_maps = nn.ModuleList(maps)
         self.input_scale = check_positive_float("input_scale", input_scale)
 
@@ -635,8 +635,30 @@ class BundlingBiasWarning(UserWarning):
     """A bundle that is biased however many random features it uses (see :func:`bundle`)."""
 
 
+def _check_feature_maps(feature_maps: object) -> list[FeatureMap]:
+    """A URFMap/ReLUMap or a non-empty sequence of them, each taking the previous one's
+    output (``TypeError``/``ValueError`` naming ``feature_maps`` otherwise)."""
+    if isinstance(feature_maps, (URFMap, ReLUMap)):
+        return [feature_maps]
+    if (isinstance(feature_maps, (str, bytes)) or not isinstance(feature_maps, Iterable)
+            or isinstance(feature_maps, nn.Module) and not isinstance(feature_maps, nn.ModuleList)):
+        raise TypeError(f"feature_maps must be a URFMap/ReLUMap or a non-empty sequence of them, got "
+                        f"{type(feature_maps).__name__}")
+    maps = list(feature_maps)
+    if not maps:
+        raise ValueError("feature_maps must contain at least one feature map")
+    for i, fmap in enumerate(maps):
+        if not isinstance(fmap, (URFMap, ReLUMap)):
+            raise TypeError(f"feature_maps[{i}] must be a URFMap or ReLUMap, got {type(fmap).__name__}")
+        if i and fmap.in_features != maps[i - 1].out_features:
+            raise ValueError(f"feature_maps[{i}] takes {fmap.in_features} inputs but feature_maps[{i - 1}] "
+                             f"gives {maps[i - 1].out_features} features")
+    return maps
+
+
 def _apply_maps(feature_maps: Sequence[FeatureMap], x: Tensor, input_scale: float) -> Tensor:
     """:math:`\\Phi_L(\\dots\\Phi_1(x / s))`, shared by :class:`BundledNetwork` and :class:`FeatureTower`."""
+    check_input("x", x, feature_maps[0].in_features, feature_maps[0].projections, match_dtype=False)
     if input_scale != 1.0:
         x = x / input_scale
     for fmap in feature_maps:

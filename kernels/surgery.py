@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
+from kernels._checks import check_input, check_module
 from kernels.linear import CompressedLinear, LowRankLinear
 
 __all__ = [
@@ -125,21 +126,48 @@ class FFN:
         return FFNModule(self.linear1, self.activation, self.linear2, setting={"hidden": self.hidden})
 
 
+def _first_weight(layer: nn.Module) -> Tensor:
+    """The parameter whose dtype and device an input of ``layer`` (an :func:`is_linear`
+    layer) must share."""
+    return layer.v if isinstance(layer, LowRankLinear) else layer.weight
+
+
 class FFNModule(nn.Module):
     """``linear2(activation(linear1(x)))`` as one module: the output of the dense-like
     replacement methods (original, SVD, pruning, random subset, fusion). ``setting`` is
-    the method's setting (e.g. ``{"k": 96}``). Shapes ``(..., d) -> (..., d)``."""
+    the method's setting (e.g. ``{"k": 96}``). Shapes ``(..., d) -> (..., d)``.
+
+    ``linear1`` and ``linear2`` are :func:`is_linear` layers mapping ``d -> hidden -> d``;
+    ``activation`` an ``nn.Module`` or a function (wrapped in a module), as in :class:`FFN`."""
 
     def __init__(self, linear1: nn.Module, activation: nn.Module, linear2: nn.Module, *,
                  setting: Optional[dict[str, Any]] = None) -> None:
         super().__init__()
+        for name, layer in (("linear1", linear1), ("linear2", linear2)):
+            if not is_linear(layer):
+                raise TypeError(f"{name} must be a torch.nn.Linear (or a CompressedLinear/LowRankLinear of "
+                                f"kernels.linear), got {type(layer).__name__}")
+        if linear2.in_features != linear1.out_features or linear2.out_features != linear1.in_features:
+            raise ValueError(
+                "an FFN maps d -> hidden -> d, but linear1 is "
+                f"{linear1.in_features} -> {linear1.out_features} and linear2 "
+                f"{linear2.in_features} -> {linear2.out_features}"
+            )
+        if not isinstance(activation, nn.Module):
+            if not callable(activation):
+                raise TypeError(f"activation must be an nn.Module or a function, got {type(activation).__name__}")
+            activation = _FunctionModule(activation)
+        if setting is not None and not isinstance(setting, dict):
+            raise TypeError(f"setting must be a dict or None, got {type(setting).__name__}")
         self.linear1 = linear1
         self.activation = activation
         self.linear2 = linear2
         self.setting = dict(setting or {})
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.activation(self.linear1(x)))
+        l1 = self.linear1
+        check_input("x", x, l1.in_features, _first_weight(l1), what="d_model")
+        return self.linear2(self.activation(l1(x)))
 
 
 @dataclass
@@ -241,17 +269,18 @@ def find_ffn_sites(model: nn.Module) -> list[FFNSite]:
     return sites
 
 
-def _resolve_site(model: nn.Module, site: Union[FFNSite, int]) -> FFNSite:
+def _resolve_site(model: nn.Module, site: Union[FFNSite, int], name: str = "site") -> FFNSite:
     """The site of ``model`` meant by ``site``: an :class:`FFNSite` (found again in
-    ``model`` by its path, so a site of the original works on a copy) or a block number."""
+    ``model`` by its path, so a site of the original works on a copy) or a block number.
+    ``name`` names the argument in errors."""
+    if not isinstance(site, FFNSite) and (isinstance(site, bool) or not hasattr(site, "__index__")):
+        raise TypeError(f"{name} must be an FFNSite or a block number, got {type(site).__name__}")
     sites = find_ffn_sites(model)
     if isinstance(site, FFNSite):
         for s in sites:
             if s.path == site.path:
                 return s
-        raise ValueError(f"site {site.path!r} is not an FFN of this model (already replaced?)")
-    if isinstance(site, bool) or not hasattr(site, "__index__"):
-        raise TypeError(f"site must be an FFNSite or a block number, got {site!r}")
+        raise ValueError(f"{name} {site.path!r} is not an FFN of this model (already replaced?)")
     idx = int(site)
     indices = [s.index for s in sites]
     if idx < 0:
@@ -260,7 +289,7 @@ def _resolve_site(model: nn.Module, site: Union[FFNSite, int]) -> FFNSite:
     for s in sites:
         if s.index == idx:
             return s
-    raise ValueError(f"site must be one of the block numbers {indices} (negative counts from the top), got {site}")
+    raise ValueError(f"{name} must be one of the block numbers {indices} (negative counts from the top), got {site}")
 
 
 def capture_ffn_io(
@@ -272,9 +301,10 @@ def capture_ffn_io(
     (detached; for a BERT encoder ``(batch, tokens, d)``, padding included). The hooks are
     removed afterwards, also when the forward raises. Chapter 7.
     """
-    if isinstance(sites, (FFNSite, int)) or not isinstance(sites, Iterable):
-        raise TypeError("sites must be a sequence of FFNSite or block numbers")
-    resolved = [_resolve_site(model, s) for s in sites]
+    check_module("model", model)
+    if isinstance(sites, (FFNSite, int, str, bytes)) or not isinstance(sites, Iterable):
+        raise TypeError(f"sites must be a sequence of FFNSite or block numbers, got {type(sites).__name__}")
+    resolved = [_resolve_site(model, s, f"sites[{i}]") for i, s in enumerate(sites)]
     if not resolved:
         raise ValueError("sites must name at least one FFN")
     store: dict[int, dict[str, Tensor]] = {s.index: {} for s in resolved}
@@ -295,7 +325,15 @@ def capture_ffn_io(
             handles.append(s.ffn.linear1.register_forward_hook(keep_input(s.index)))
             handles.append(s.ffn.linear2.register_forward_hook(keep_output(s.index)))
         with torch.no_grad():
-            model(*model_args, **model_kwargs)
+            try:
+                model(*model_args, **model_kwargs)
+            except torch.OutOfMemoryError:
+                raise
+            except (TypeError, ValueError, RuntimeError, IndexError) as exc:
+                raise ValueError(
+                    f"model(*model_args, **model_kwargs) failed ({type(exc).__name__}: {exc}); "
+                    "model_args and model_kwargs are passed to the model's forward as they are"
+                ) from exc
     finally:
         for h in handles:
             h.remove()
@@ -308,8 +346,17 @@ def capture_ffn_io(
 def set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
     """Put ``module`` at the dotted ``path`` of ``model`` (in place; the parent must exist).
     Used by :func:`replace_ffns` and :func:`kernels.snnk.with_bundled_ffn`."""
+    check_module("model", model)
+    check_module("module", module)
+    if not isinstance(path, str):
+        raise TypeError(f"path must be a dotted str such as 'encoder.layer.0.intermediate', got {type(path).__name__}")
     parent, _, name = path.rpartition(".")
-    owner = model.get_submodule(parent) if parent else model
+    if not name or not all(parent.split(".")) and parent:
+        raise ValueError(f"path must be a dotted module name such as 'encoder.layer.0.intermediate', got {path!r}")
+    try:
+        owner = model.get_submodule(parent) if parent else model
+    except AttributeError as exc:
+        raise ValueError(f"path {path!r}: model has no submodule {parent!r} ({exc})") from None
     setattr(owner, name, module)
 
 
@@ -321,7 +368,11 @@ def replace_ffn(model: nn.Module, site: Union[FFNSite, int], module: nn.Module, 
     untouched; ``module`` itself is put in (not copied). Only that site changes: every
     other parameter and buffer stays as it was. Chapter 7.
     """
-    return replace_ffns(model, {site: module} if not isinstance(site, FFNSite) else [(site, module)], copy=copy)
+    check_module("model", model)
+    check_module("module", module)
+    if not isinstance(site, FFNSite) and (isinstance(site, bool) or not hasattr(site, "__index__")):
+        raise TypeError(f"site must be an FFNSite or a block number, got {type(site).__name__}")
+    return replace_ffns(model, [(site, module)], copy=copy)
 
 
 def replace_ffns(
@@ -332,18 +383,29 @@ def replace_ffns(
 ) -> nn.Module:
     """Several :func:`replace_ffn` at once (one copy): ``replacements`` maps sites (or
     block numbers) to modules, or is a sequence of ``(site, module)`` pairs."""
+    check_module("model", model)
     if not isinstance(copy, bool):
         raise TypeError(f"copy must be a bool, got {copy!r}")
-    pairs = list(replacements.items()) if isinstance(replacements, Mapping) else list(replacements)
-    for _, module in pairs:
+    if isinstance(replacements, Mapping):
+        pairs = list(replacements.items())
+    elif isinstance(replacements, (str, bytes, nn.Module)) or not isinstance(replacements, Iterable):
+        raise TypeError("replacements must map sites (or block numbers) to modules, or be a sequence of "
+                        f"(site, module) pairs, got {type(replacements).__name__}")
+    else:
+        pairs = list(replacements)
+        for pair in pairs:
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise TypeError(f"replacements must hold (site, module) pairs, got an item {type(pair).__name__}")
+    for site, module in pairs:
         if not isinstance(module, nn.Module):
-            raise TypeError(f"module must be an nn.Module mapping (..., d) -> (..., d), got {type(module).__name__}")
+            raise TypeError(f"replacements[{site!r}] must be an nn.Module mapping (..., d) -> (..., d), got "
+                            f"{type(module).__name__}")
     if copy:
         # Copy the model without the new modules (they are put in as they are).
         target = _copy.deepcopy(model)
     else:
         target = model
-    resolved = [(_resolve_site(target, s), m) for s, m in pairs]
+    resolved = [(_resolve_site(target, s, "a site of replacements"), m) for s, m in pairs]
     paths = [s.path for s, _ in resolved]
     if len(set(paths)) != len(paths):
         raise ValueError(f"replacements name a site twice: {paths}")

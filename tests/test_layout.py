@@ -203,7 +203,8 @@ PUBLIC_API = {
         "check_choice", "check_nonempty", "check_nonnegative_float", "check_positive_float",
         "check_positive_int", "check_same_dtype", "check_same_feature_dim", "check_tensor",
         "check_dtype_kind", "check_float_dtype", "check_index_tensor", "check_module",
-        "check_real", "check_times",
+        "check_real", "check_times", "check_generator", "check_callable", "check_input",
+        "call_user_code",
     ],
     "kernels._ext": [
         "DEBUG_ENV_VAR", "DEFAULT_TIMEOUT_S", "SOURCE", "TIMEOUT_ENV_VAR", "build",
@@ -383,3 +384,61 @@ def test_readme_maps_every_module_bottom_to_top() -> None:
             deps |= {m for m in graph if m.startswith(dep + ".")} if dep in packages else {dep}
         late = sorted(deps - set(listed[:i]))
         assert not late, f"README lists {name} before what it imports: {late}"
+
+
+# ------------------------------------------------------------------------ the input rules
+#: The book's page that lists the input rules of kernels._checks (issue 30).
+API_PAGE = ROOT / "book" / "api.md"
+RULES_START, RULES_END = "<!-- input-rules:start -->", "<!-- input-rules:end -->"
+
+
+def input_rules_markdown() -> str:
+    """The bullet list of ``kernels._checks``'s module docstring, as Markdown: the text of
+    the book's "Input rules" page between its two markers."""
+    import re
+
+    import kernels._checks as checks
+
+    doc = checks.__doc__ or ""
+    block = doc[doc.index("* **Tensors**"):].strip()
+    block = re.sub(r":(?:func|mod|class|meth):`~?([^`]+)`", r"``\1``", block)
+    return block.replace("``", "`")
+
+
+def write_input_rules() -> None:
+    """Rewrite the block between the markers of ``book/api.md`` from ``kernels/_checks.py``
+    (``python tests/test_layout.py --write-input-rules``), atomically."""
+    import os
+    import tempfile
+
+    text = API_PAGE.read_text()
+    head, rest = text.split(RULES_START, 1)
+    _, tail = rest.split(RULES_END, 1)
+    new = f"{head}{RULES_START}\n{input_rules_markdown()}\n{RULES_END}{tail}"
+    fd, tmp = tempfile.mkstemp(dir=API_PAGE.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(new)
+    os.replace(tmp, API_PAGE)
+
+
+def test_the_api_page_lists_the_input_rules_of_checks() -> None:
+    """book/api.md holds the rules of kernels/_checks.py word for word (and is in the
+    book's table of contents), so the two cannot drift apart."""
+    text = API_PAGE.read_text()
+    assert RULES_START in text and RULES_END in text, f"{API_PAGE} lost its rule markers"
+    block = text.split(RULES_START, 1)[1].split(RULES_END, 1)[0].strip()
+    assert block == input_rules_markdown(), (
+        "book/api.md and the rules in kernels/_checks.py differ: run "
+        "`.venv/bin/python tests/test_layout.py --write-input-rules`")
+    assert "softmax_features" in block and "complex" in block  # the documented exception
+    toc = (ROOT / "_toc.yml").read_text()
+    assert "file: book/api" in toc, "book/api.md is not in _toc.yml"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    if sys.argv[1:] == ["--write-input-rules"]:
+        write_input_rules()
+    else:
+        sys.exit(pytest.main([__file__, "-q"]))

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import jvp
 
-from kernels._checks import check_module, check_positive_float, check_tensor, check_times
+from kernels._checks import check_input, check_module, check_positive_float, check_tensor, check_times
 from kernels.ntk.empirical import _call_with, _substitution_names
 
 __all__ = [
@@ -494,6 +494,11 @@ class LinearizedModel(nn.Module):
         self.params = nn.ParameterList(
             [nn.Parameter(base_params[n].detach().clone()) for n in names]
         )
+        # The input width where the model states it (a layer with ``in_features`` first,
+        # as fc_network's NTKLinear): forward checks x against it.
+        first = next(iter(model.children()), None) if isinstance(model, nn.Sequential) else model
+        width = getattr(first, "in_features", None)
+        self.in_features: Optional[int] = width if isinstance(width, int) else None
 
     def theta0(self) -> dict[str, Tensor]:
         """The expansion point :math:`\\theta_0` by parameter name."""
@@ -501,6 +506,10 @@ class LinearizedModel(nn.Module):
         return {n: base_params[n] for n in self.param_names}
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.in_features is not None:
+            check_input("x", x, self.in_features, self.params[0])
+        else:
+            check_tensor("x", x, finite=False)
         primals = self.theta0()
         tangents = {
             n: p - primals[n] for n, p in zip(self.param_names, self.params)

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from kernels._checks import call_user_code
 from kernels.ntk.network import Erf, NTKLinear
 from kernels.ntk.onednn import _fast_linear_mode, _gemm_nt
 
@@ -252,6 +253,7 @@ def _linear_records(
     output_fn: Callable[[nn.Module, object], Tensor],
     inputs: object,
     check_params: tuple[Tensor, ...] = (),
+    name: str = "x",
 ) -> tuple[list[Optional[tuple[Tensor, Tensor]]], int, int, list[Tensor]]:
     """One forward pass and ``k`` backward passes. For every layer: its inputs ``a``
     ``(n, T, in)`` and the output gradients ``g`` ``(k, n, T, out)`` of
@@ -271,7 +273,7 @@ def _linear_records(
     handles = [layer.register_forward_hook(hook(i)) for i, (_, layer) in enumerate(layers)]
     try:
         with torch.enable_grad(), _fast_linear_mode():
-            out = output_fn(model, inputs)
+            out = call_user_code(f"output_fn(model, {name})", output_fn, model, inputs)
     finally:
         for h in handles:
             h.remove()
@@ -499,11 +501,11 @@ def _call_model(model: nn.Module, x: object) -> Tensor:
 
 
 def _linear_gram(model, layers, output_fn, x1, x2, trace) -> Tensor:
-    rec1, n1, k, _ = _linear_records(model, layers, output_fn, x1)
+    rec1, n1, k, _ = _linear_records(model, layers, output_fn, x1, name="x1")
     if x2 is None:
         rec2, n2 = rec1, n1
     else:
-        rec2, n2, k2, _ = _linear_records(model, layers, output_fn, x2)
+        rec2, n2, k2, _ = _linear_records(model, layers, output_fn, x2, name="x2")
         if k2 != k:
             raise ValueError(f"the model returns {k} outputs per sample on x1 but {k2} on x2")
     theta: Optional[Tensor] = None

@@ -19,9 +19,13 @@ from torch import Tensor, nn
 
 from kernels._checks import (
     check_choice,
+    check_float_dtype,
+    check_generator,
+    check_input,
     check_nonnegative_float,
     check_positive_float,
     check_positive_int,
+    check_tensor,
 )
 
 __all__ = [
@@ -105,8 +109,8 @@ class NTKLinear(nn.Module):
         )
         if not isinstance(bias, bool):
             raise TypeError(f"bias must be a bool, got {bias!r}")
-        _check_generator(generator)
-        dtype = _check_float_dtype("dtype", dtype)
+        check_generator("generator", generator)
+        dtype = check_float_dtype("dtype", dtype, none_is_default=True)
         device = generator.device if generator is not None else None
         noise_w = torch.randn(
             out_features, in_features, generator=generator, dtype=dtype, device=device
@@ -137,6 +141,7 @@ class NTKLinear(nn.Module):
         return self.b_std if self.parameterization == "ntk" else 1.0
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.in_features, self.weight)
         y = torch.nn.functional.linear(x, self.weight)
         if self.weight_scale != 1.0:
             y = y * self.weight_scale
@@ -162,6 +167,7 @@ class Erf(nn.Module):
     """
 
     def forward(self, x: Tensor) -> Tensor:
+        check_tensor("x", x, finite=False)  # O(1): NaN and Inf propagate
         return torch.special.erf(x)
 
 
@@ -233,26 +239,3 @@ def fc_network(
         fan_in = width
     layers.append(NTKLinear(fan_in, out_dim, **layer_kw))
     return nn.Sequential(*layers)
-
-
-
-# --------------------------------------------------------------------------------------
-# small local checks
-# --------------------------------------------------------------------------------------
-
-
-def _check_generator(generator: object) -> None:
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(
-            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
-        )
-
-
-
-def _check_float_dtype(name: str, dtype: object) -> torch.dtype:
-    if dtype is None:
-        return torch.get_default_dtype()
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
-    return dtype
-

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels._checks import check_choice, check_positive_int
-from kernels.toeplitz.helpers import _check_bool, _check_float_dtype, _check_generator, _linear
+from kernels._checks import check_choice, check_float_dtype, check_generator, check_input, check_positive_int
+from kernels.device import check_tensor_device
+from kernels.toeplitz.helpers import _check_bool, _linear
 from kernels.toeplitz.tno import TNO
 from kernels.toeplitz.ski import SKITNO
 from kernels.toeplitz.fd import FDTNO
@@ -96,14 +97,15 @@ class GTU(nn.Module):
         hidden = check_positive_int("hidden", hidden)
         if not isinstance(mixer, nn.Module):
             raise TypeError(f"mixer must be an nn.Module, got {type(mixer).__name__}")
-        _check_generator(generator)
-        dtype = _check_float_dtype("dtype", dtype)
+        check_generator("generator", generator)
+        dtype = check_float_dtype("dtype", dtype, none_is_default=True)
         self.u_proj = _linear(channels, hidden, generator, dtype)
         self.v_proj = _linear(channels, hidden, generator, dtype)
         self.mixer = mixer
         self.out_proj = _linear(hidden, channels, generator, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.u_proj.in_features, self.u_proj.weight, what="channels", min_ndim=2)
         u = F.silu(self.u_proj(x))
         v = self.mixer(F.silu(self.v_proj(x)))
         return self.out_proj(u * v)
@@ -129,13 +131,14 @@ class GLU(nn.Module):
         super().__init__()
         channels = check_positive_int("channels", channels)
         hidden = check_positive_int("hidden", hidden)
-        _check_generator(generator)
-        dtype = _check_float_dtype("dtype", dtype)
+        check_generator("generator", generator)
+        dtype = check_float_dtype("dtype", dtype, none_is_default=True)
         self.gate_proj = _linear(channels, hidden, generator, dtype)
         self.value_proj = _linear(channels, hidden, generator, dtype)
         self.out_proj = _linear(hidden, channels, generator, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.gate_proj.in_features, self.gate_proj.weight, what="channels")
         return self.out_proj(F.silu(self.gate_proj(x)) * self.value_proj(x))
 
 
@@ -177,8 +180,8 @@ class TNNBlock(nn.Module):
         glu_hidden = self.channels * check_positive_int("glu_expand", glu_expand)
         if tno_options is not None and not isinstance(tno_options, dict):
             raise TypeError(f"tno_options must be a dict or None, got {tno_options!r}")
-        _check_generator(generator)
-        dtype = _check_float_dtype("dtype", dtype)
+        check_generator("generator", generator)
+        dtype = check_float_dtype("dtype", dtype, none_is_default=True)
         mixer = make_tno(
             tno, gtu_hidden, causal=causal, generator=generator, dtype=dtype,
             **(tno_options or {}),
@@ -189,6 +192,7 @@ class TNNBlock(nn.Module):
         self.glu = GLU(self.channels, glu_hidden, generator=generator, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        check_input("x", x, self.channels, self.gtu.u_proj.weight, what="channels", min_ndim=2)
         x = x + self.gtu(self.norm1(x))
         return x + self.glu(self.norm2(x))
 
@@ -232,8 +236,8 @@ class TNNEncoder(nn.Module):
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.channels = check_positive_int("channels", channels)
         n_layers = check_positive_int("n_layers", n_layers)
-        _check_generator(generator)
-        dtype = _check_float_dtype("dtype", dtype)
+        check_generator("generator", generator)
+        dtype = check_float_dtype("dtype", dtype, none_is_default=True)
         emb = torch.nn.utils.skip_init(nn.Embedding, self.vocab_size, self.channels, dtype=dtype)
         with torch.no_grad():
             nn.init.normal_(emb.weight, generator=generator)
@@ -256,6 +260,7 @@ class TNNEncoder(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         if not isinstance(tokens, Tensor):
             raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+        check_tensor_device("tokens", tokens)
         if tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
             raise TypeError(f"tokens must be an integer tensor of token ids, got {tokens.dtype}")
         if tokens.ndim < 1 or tokens.shape[-1] < 1:

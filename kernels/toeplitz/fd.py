@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels._checks import check_choice, check_positive_int
+from kernels._checks import call_user_code, check_choice, check_positive_int
 from kernels.toeplitz.product import (
     _apply_spectrum,
     _check_fft_input,
@@ -392,7 +392,12 @@ def frequency_response_decay(mlp: nn.Module, n: int, *, feature: str = "cos") ->
     device = param.device if param is not None else torch.device("cpu")
     with torch.no_grad():
         feats = _frequency_features(n, feature, dtype, device)
-        response = mlp(feats)
+        response = call_user_code(f"mlp(features of shape {tuple(feats.shape)})", mlp, feats)
+        if not isinstance(response, Tensor) or response.ndim not in (1, 2) or response.shape[0] != n + 1 \
+                or not response.is_floating_point():
+            got = f"{tuple(response.shape)} {response.dtype}" if isinstance(response, Tensor) else type(response).__name__
+            raise ValueError(f"mlp must map the (n + 1, 1) = {tuple(feats.shape)} frequency features to a real "
+                             f"floating (n + 1,) or (n + 1, c) response, got {got}")
         if response.ndim == 1:
             response = response[:, None]
         kernel = torch.fft.irfft(response.T, n=2 * n).T[: n + 1]

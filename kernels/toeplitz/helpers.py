@@ -1,5 +1,6 @@
 """Small local checks and initialisation helpers shared by the Toeplitz operators
-(generator, dtype, flags, decay rate, sequence shape; the initialised linear layers and
+(flags, decay rate, sequence shape -- the generator and dtype checks are
+:func:`kernels._checks.check_generator` and :func:`kernels._checks.check_float_dtype`; the initialised linear layers and
 activations of the RPE MLPs and the TNN blocks).
 
 Part of :mod:`kernels.toeplitz` (chapter 4, ``chapters/04_toeplitz.ipynb``); private to the package.
@@ -22,23 +23,6 @@ __all__: list[str] = []
 # --------------------------------------------------------------------------------------
 # Small local checks and initialisation helpers
 # --------------------------------------------------------------------------------------
-
-
-def _check_generator(generator: object) -> None:
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(
-            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
-        )
-
-
-
-def _check_float_dtype(name: str, dtype: object) -> torch.dtype:
-    if dtype is None:
-        return torch.get_default_dtype()
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"{name} must be a floating-point torch.dtype, got {dtype!r}")
-    return dtype
-
 
 
 def _check_bool(name: str, value: object) -> bool:

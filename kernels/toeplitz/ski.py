@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels._checks import check_choice, check_positive_int, check_tensor
+from kernels._checks import check_choice, check_float_dtype, check_generator, check_positive_int, check_tensor
 from kernels.toeplitz.product import (
     _apply_spectrum,
     _check_fft_input,
@@ -29,8 +29,6 @@ from kernels.toeplitz.product import (
 )
 from kernels.toeplitz.helpers import (
     _check_decay,
-    _check_float_dtype,
-    _check_generator,
     _check_sequence,
 )
 
@@ -90,7 +88,7 @@ def inducing_points(n: int, r: int, *, dtype: Optional[torch.dtype] = None) -> T
     "Sparse plus low rank: SKI-TNO".
     """
     n, r = _check_n_r(n, r)
-    dtype = _check_float_dtype("dtype", dtype)
+    dtype = check_float_dtype("dtype", dtype, none_is_default=True)
     if r == 1:
         return torch.zeros(1, dtype=dtype)
     return torch.arange(r, dtype=torch.float64).mul((n - 1) / (r - 1)).to(dtype)
@@ -149,7 +147,7 @@ def linear_interpolation_weights(
     (chapters/04_toeplitz.ipynb), section "Sparse plus low rank: SKI-TNO".
     """
     n, r = _check_n_r(n, r)
-    dtype = _check_float_dtype("dtype", dtype)
+    dtype = check_float_dtype("dtype", dtype, none_is_default=True)
     grid = _interpolation_grid(n, r, dtype, torch.device("cpu"))
     return _dense_weights(grid, n, r)
 
@@ -264,7 +262,7 @@ def cubic_interpolation_weights(
     """
     n, r = _check_n_r(n, r)
     _check_cubic_r(r)
-    dtype = _check_float_dtype("dtype", dtype)
+    dtype = check_float_dtype("dtype", dtype, none_is_default=True)
     return _cubic_dense(_cubic_taps(n, r, dtype, torch.device("cpu")), n, r)
 
 
@@ -447,8 +445,8 @@ class PiecewiseLinearRPE(nn.Module):
         super().__init__()
         self.channels = check_positive_int("channels", channels)
         self.knots = check_positive_int("knots", knots)
-        _check_generator(generator)
-        dtype = _check_float_dtype("dtype", dtype)
+        check_generator("generator", generator)
+        dtype = check_float_dtype("dtype", dtype, none_is_default=True)
         values = torch.randn(self.channels, 2 * self.knots, generator=generator, dtype=dtype)
         self.values = nn.Parameter(values * float(init_std))
 
@@ -644,8 +642,8 @@ class SKITNO(nn.Module):
         if self.interpolation == "cubic":
             _check_cubic_r(self.rank)
         knots = self.rank if knots is None else check_positive_int("knots", knots)
-        _check_generator(generator)
-        dtype = _check_float_dtype("dtype", dtype)
+        check_generator("generator", generator)
+        dtype = check_float_dtype("dtype", dtype, none_is_default=True)
         # nn.Conv1d's default initialisation, U(-1/sqrt(m), 1/sqrt(m)).
         bound = 1.0 / math.sqrt(self.filter_size)
         band = torch.empty(self.channels, self.filter_size, dtype=dtype)

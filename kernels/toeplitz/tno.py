@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from kernels._checks import check_choice, check_positive_int
+from kernels._checks import check_choice, check_float_dtype, check_generator, check_positive_int
 from kernels.toeplitz.product import (
     _apply_spectrum,
     _empty_like_result,
@@ -25,8 +25,6 @@ from kernels.toeplitz.helpers import (
     _activation,
     _check_bool,
     _check_decay,
-    _check_float_dtype,
-    _check_generator,
     _check_sequence,
     _linear,
 )
@@ -96,8 +94,8 @@ def rpe_mlp(
     in_features = check_positive_int("in_features", in_features)
     out_features = check_positive_int("out_features", out_features)
     _check_bool("layer_norm", layer_norm)
-    _check_generator(generator)
-    dtype = _check_float_dtype("dtype", dtype)
+    check_generator("generator", generator)
+    dtype = check_float_dtype("dtype", dtype, none_is_default=True)
     layers: list[nn.Module] = []
     fan_in = in_features
     for _ in range(depth):
