@@ -177,8 +177,8 @@ def check_input(name: str, value: Any, features: int, like: Optional[torch.Tenso
     own operations) and no host-device synchronisation."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if like is not None and value.dtype is like.dtype and value.device == like.device:
-        pass  # the common case: the parameters' dtype (real floating) and device
+    if like is not None and value.dtype is like.dtype and value.is_cpu and like.is_cpu:
+        pass  # the common case: the parameters' dtype (real floating), both on the CPU
     else:
         check_tensor_device(name, value)
         check_dtype_kind(name, value)
