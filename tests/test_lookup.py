@@ -793,7 +793,7 @@ def test_lsh_ffn_flops_and_bad_input() -> None:
         LSHSparseFFN(8, 16, 2, 2.5)
     with pytest.raises(ValueError, match="bits"):
         LSHSparseFFN(8, 16, 2, 63)
-    with pytest.raises(ValueError, match="last dimension"):
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 8\)"):
         LSHSparseFFN(8, 16, 2, 3)(torch.randn(3, 7))
     with pytest.raises(ValueError, match="last dimension"):
         simhash_codes(torch.randn(3, 7), torch.randn(2, 8, 3))

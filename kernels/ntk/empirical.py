@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, jvp, vjp, vmap
 
-from kernels._checks import check_choice, check_positive_int, check_same_feature_dim, check_tensor
+from kernels._checks import call_user_code, check_choice, check_positive_int, check_same_feature_dim, check_tensor
 from kernels.ntk.network import NTKLinear
 from kernels.ntk.onednn import _gemm_nt
 from kernels.ntk.gram import (
@@ -206,13 +206,8 @@ def _check_model_input(name: str, x: object, ref: Tensor) -> Tensor:
 
 def _probe_output_shape(model: nn.Module, x1: Tensor) -> tuple[int, ...]:
     """Per-sample output shape: ``()`` for a scalar, ``(k,)`` for a vector."""
-    try:
-        with torch.no_grad():
-            out = model(x1[:1])
-    except RuntimeError as exc:
-        raise ValueError(
-            f"model cannot be applied to x1 of shape {tuple(x1.shape)} ({exc})"
-        ) from None
+    with torch.no_grad():
+        out = call_user_code(f"model(x1) with x1 of shape {tuple(x1.shape)}", model, x1[:1])
     if not isinstance(out, Tensor) or out.ndim not in (1, 2) or out.shape[0] != 1:
         shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(
