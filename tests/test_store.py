@@ -3,7 +3,8 @@
 Three things are shown here end to end: a chapter killed midway resumes and skips what it
 had stored, with the same glued values as a run that was never stopped; two chapters and
 one experiment's configurations run on a 2-worker ``LocalCluster`` give the same glued
-values as the local run; a worker killed mid-task does not lose its configuration.
+values as the local run; a worker killed mid-task does not lose its configuration. The first
+two are shown on toy chapters and again on chapter 1 at small settings (marked ``slow``).
 """
 
 from __future__ import annotations
@@ -378,3 +379,39 @@ def test_two_chapters_and_their_configurations_on_the_cluster(cluster, toy_proje
         log = Path(b.output).with_suffix(".log").read_text()
         assert "on the cluster at tcp://" in log  # the chapter's own configurations went there too
     assert st.ResultStore(toy_project / "cluster-store").count("toya") == 6
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _wanted("01_ntk"), reason="NN_KERNELS_TEST_CHAPTERS leaves out 01_ntk")
+def test_chapter_one_on_the_cluster_glues_what_the_local_run_glues(cluster, tmp_path) -> None:
+    """Issue 28, both levels on a real chapter: chapter 1 (small settings) is sent to the 2-worker
+    cluster as a job, its sweeps' configurations are computed by the cluster's workers, and it
+    glues what the same chapter run locally glues, wall-clock timings aside."""
+    env = {**os.environ, "NN_KERNELS_THREADS": "1"}
+    env.pop(st.SCHEDULER_ENV, None)
+    local = subprocess.Popen(_runner_cmd(tmp_path / "local", NTK_SMALL),
+                             env={**env, st.STORE_ENV: str(tmp_path / "local-store")},
+                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        remote = subprocess.run(_runner_cmd(tmp_path / "cluster", NTK_SMALL)[:2]
+                                + ["--scheduler", cluster.scheduler_address]
+                                + _runner_cmd(tmp_path / "cluster", NTK_SMALL)[2:],
+                                env={**env, st.STORE_ENV: str(tmp_path / "cluster-store")},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+        local_out, _ = local.communicate(timeout=900)
+    finally:
+        if local.poll() is None:
+            os.killpg(local.pid, signal.SIGKILL)
+            local.wait()
+    assert local.returncode == 0, local_out
+    assert remote.returncode == 0, remote.stdout
+    assert "sent to the cluster" in remote.stdout, remote.stdout
+    log = (tmp_path / "cluster" / "ci" / "01_ntk.log").read_text()
+    for name, n in NTK_SWEEPS.items():  # every configuration went to the cluster's workers
+        assert f"[{name}] {n} configurations: 0 stored, {n} to compute on the cluster at tcp://" in log, name
+        assert st.ResultStore(tmp_path / "cluster-store").count(name) == n, name
+    expected = read_glued(tmp_path / "local" / "ci" / "01_ntk.ipynb")
+    got = read_glued(tmp_path / "cluster" / "ci" / "01_ntk.ipynb")
+    assert set(got) == set(expected)
+    differ = sorted(name for name in got if got[name] != expected[name] and name not in NTK_TIMINGS)
+    assert not differ, {name: (got[name], expected[name]) for name in differ}
