@@ -74,6 +74,7 @@ from kernels._checks import (
     check_choice,
     check_index_tensor,
     check_module,
+    check_nonnegative_float,
     check_positive_float,
     check_positive_int,
     check_same_dtype,
@@ -1092,11 +1093,12 @@ def layerwise_tuning(
     ``batches`` yields keyword arguments of a ``transformers`` model (``input_ids``,
     ``attention_mask``...); both models are called with ``output_hidden_states=True``.
     One AdamW step per batch (the paper: one epoch). Returns the loss of every step.
-    Padding tokens are excluded from the MSE when ``attention_mask`` is given.
+    ``lr = 0`` measures the losses without moving any weight (chapter 6 checks its cached
+    eq. 6 loss against this function that way). Padding tokens are excluded from the MSE when ``attention_mask`` is given.
     """
     check_module("student", student)
     check_module("teacher", teacher)
-    lr = check_positive_float("lr", lr)
+    lr = check_nonnegative_float("lr", lr)
     if isinstance(batches, (str, bytes, Tensor, dict)) or not isinstance(batches, Iterable):
         raise TypeError(f"batches must be an iterable of dicts of model inputs, got {type(batches).__name__}")
     try:
