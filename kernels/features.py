@@ -221,7 +221,7 @@ def softmax_features(
     Complex ``x`` is accepted -- the one exception to the package's rule that data
     tensors are real floating (:mod:`kernels._checks`, the book's "Input rules" page):
     eq. 8 is analytic in ``x``, and the universal random features of chapter 2
-    evaluate it at imaginary arguments :math:`i\alpha x`. The result is then complex
+    evaluate it at imaginary arguments :math:`i\\alpha x`. The result is then complex
     (complex64 or complex128, as ``x``). ``projections`` must be real floating.
 
     Shapes: ``x`` (..., d), ``projections`` (m, d) -> (..., m). Cost O(m d) per input.
