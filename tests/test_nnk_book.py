@@ -527,3 +527,22 @@ def test_encoder_tail_rejects_bad_input(minilm_batch) -> None:
         encoder_tail(torch.nn.Linear(2, 2), 0, mask, hidden=h)
     with pytest.raises(ValueError, match="mask"):
         encoder_tail(model, 0, mask[:, :8], hidden=h)
+
+
+def test_chapter_parameters_reads_the_parameters_cell() -> None:
+    """The recording tools' one reader of a chapter's parameters cell, against nbformat directly."""
+    import ast
+
+    import nbformat
+
+    from nnk_book.records import ROOT, chapter_parameters
+
+    for chapter in ("02_random_features", "04_toeplitz", "05_lookupffn"):
+        nb = nbformat.read(str(ROOT / "chapters" / f"{chapter}.ipynb"), as_version=4)
+        cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        expected = {t.id: ast.literal_eval(node.value) for node in ast.parse(cell.source).body
+                    if isinstance(node, ast.Assign) for t in node.targets}
+        assert chapter_parameters(chapter) == expected
+    for bad in ("no_such_chapter", "../01_ntk", ""):
+        with pytest.raises(ValueError, match="chapter"):
+            chapter_parameters(bad)

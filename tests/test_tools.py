@@ -234,7 +234,7 @@ def test_lm_length_sweep_checks_its_lengths_and_records_what_the_chapter_compare
         tool.main(["--steps", "1200"])
     # every recorded parameter exists in the chapter's parameters cell, and the chapter checks the
     # same keys before it uses the record
-    params = tool._parameters_cell()
+    params = tool.chapter_parameters(tool.CHAPTER)
     assert set(tool.LM_KEYS) <= set(params)
     nb = nbformat.read(str(ROOT / "chapters" / f"{tool.CHAPTER}.ipynb"), as_version=4)
     source = next(c.source for c in nb.cells if "LM_RECORD_KEYS = " in c.source)

@@ -25,6 +25,27 @@ def _check_name(name: str, what: str) -> str:
     return name
 
 
+def chapter_parameters(chapter: str) -> dict[str, Any]:
+    """The teaching-scale values of ``chapters/<chapter>.ipynb``'s ``parameters`` cell, as a dict.
+
+    The recording tools (``book/tools/record_*.py``) run a chapter with these values and store
+    them beside what they record, so the chapter can check that a record matches its settings.
+    """
+    import nbformat
+
+    _check_name(chapter, "chapter")
+    path = ROOT / "chapters" / f"{chapter}.ipynb"
+    if not path.exists():
+        raise ValueError(f"chapter {chapter!r} has no notebook at {path}")
+    nb = nbformat.read(str(path), as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise ValueError(f"chapter {chapter!r} has {len(cells)} cells tagged 'parameters', expected 1")
+    ns: dict[str, Any] = {}
+    exec(cells[0].source, ns)  # noqa: S102 - the project's own parameters cell (literals only: test_notebook_hygiene)
+    return {k: v for k, v in ns.items() if not k.startswith("__")}
+
+
 def bench_results(name: str) -> dict[str, Any] | None:
     """The committed results of ``benchmarks/bench_<name>.py`` (``machine``, ``rows``, ...).
 

@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "book"))
 from nnk_book.files import atomic_write_text  # noqa: E402
+from nnk_book.records import chapter_parameters  # noqa: E402
 from nnk_book.stats import mean_interval, verdict  # noqa: E402
 
 CHAPTER = "02_random_features"
@@ -61,16 +62,6 @@ def by_epoch(curves: dict[str, list[list[float]]]) -> list[dict]:
     return rows
 
 
-def _parameters_cell() -> dict:
-    import nbformat
-
-    nb = nbformat.read(str(ROOT / "chapters" / f"{CHAPTER}.ipynb"), as_version=4)
-    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    ns: dict = {}
-    exec(cell.source, ns)  # noqa: S102 - the chapter's own parameters cell
-    return ns
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=240, help="longest training length (epochs)")
@@ -79,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.epochs < 2:
         raise SystemExit(f"--epochs must be at least 2, got {args.epochs}")
-    params = _parameters_cell()
+    params = chapter_parameters(CHAPTER)
     with tempfile.TemporaryDirectory() as tmp:
         curves_path = Path(tmp) / "curves.json"
         overrides = {**SMALL, "seed": args.seed, "adapter_epochs": args.epochs, "adapter_curves_out": str(curves_path)}

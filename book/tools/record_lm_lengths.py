@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "book"))
 from nnk_book.files import atomic_write_text  # noqa: E402
+from nnk_book.records import chapter_parameters  # noqa: E402
 
 CHAPTER = "05_lookupffn"
 OUT = ROOT / "book" / "runs" / "sweeps" / f"{CHAPTER}.lm_lengths.json"
@@ -57,16 +58,6 @@ def check_lengths(steps: list[int]) -> list[int]:
     return steps
 
 
-def _parameters_cell() -> dict:
-    import nbformat
-
-    nb = nbformat.read(str(ROOT / "chapters" / f"{CHAPTER}.ipynb"), as_version=4)
-    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    ns: dict = {}
-    exec(cell.source, ns)  # noqa: S102 - the chapter's own parameters cell
-    return ns
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, nargs="+", default=[1200, 2400, 4800],
@@ -79,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = check_lengths(args.steps)
     except ValueError as err:
         raise SystemExit(str(err)) from None
-    params = {**_parameters_cell(), "seed": args.seed}
+    params = {**chapter_parameters(CHAPTER), "seed": args.seed}
     with tempfile.TemporaryDirectory() as tmp:
         values_path = Path(tmp) / "lm_sweep.json"
         overrides = {"seed": args.seed, "lm_long_steps": steps, "lm_lr_sweep": args.lrs, "lm_sweep_out": str(values_path)}

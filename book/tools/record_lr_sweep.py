@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "book"))
 from nnk_book.files import atomic_write_text  # noqa: E402
+from nnk_book.records import chapter_parameters  # noqa: E402
 
 CHAPTER = "04_toeplitz"
 OUT = ROOT / "book" / "runs" / "sweeps" / f"{CHAPTER}.learning_rates.json"
@@ -44,22 +45,12 @@ SETTINGS = ("use_real_data", "model_dim", "model_layers", "batch_size", "rpe_wid
             "lm_lr_candidates", "learning_rate", "fd_learning_rate", "lm_learning_rate")
 
 
-def _parameters_cell() -> dict:
-    import nbformat
-
-    nb = nbformat.read(str(ROOT / "chapters" / f"{CHAPTER}.ipynb"), as_version=4)
-    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    ns: dict = {}
-    exec(cell.source, ns)  # noqa: S102 - the chapter's own parameters cell
-    return ns
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="the chapter's seed parameter")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
-    params = _parameters_cell()
+    params = chapter_parameters(CHAPTER)
     with tempfile.TemporaryDirectory() as tmp:
         runs_path = Path(tmp) / "runs.json"
         overrides = {"seed": args.seed, "lr_sweep_out": str(runs_path)}
