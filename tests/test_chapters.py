@@ -21,7 +21,58 @@ from glued import glued_names, read_glued
 
 EXPECTED = Path(__file__).resolve().parent / "expected"
 CHAPTERS = run_chapters.chapter_names()
-CRITERIA = {"value", "atol", "rtol", "min", "max", "less_than", "greater_than", "equals"}
+CRITERIA = {"value", "atol", "rtol", "min", "max", "less_than", "greater_than", "equals", "verdict_of", "all_tied_of"}
+
+
+def _interval(glued: dict[str, Any], name: str) -> tuple[float, float] | None:
+    """The glued mean ``name`` and its 95 % half-width ``name_hw`` (None when either is missing)."""
+    if name not in glued or f"{name}_hw" not in glued:
+        return None
+    return float(glued[name]), float(glued[f"{name}_hw"])
+
+
+def _rule(a: tuple[float, float], b: tuple[float, float], higher_is_better: bool) -> str:
+    """The book's verdict rule (nnk_book.verdict) on glued intervals: 'ahead'/'behind' only
+    when the 95 % intervals separate, else 'tied' (a nan half-width separates from nothing)."""
+    (ma, ha), (mb, hb) = a, b
+    if math.isnan(ha) or math.isnan(hb) or not abs(ma - mb) > ha + hb:
+        return "tied"
+    return "ahead" if (ma > mb) == higher_is_better else "behind"
+
+
+def check_verdict(name: str, got: Any, spec: dict[str, Any], glued: dict[str, Any]) -> list[str]:
+    """``verdict_of: {a, b[, higher_is_better][, word]}``: the glued verdict ``got`` is the one
+    the glued intervals of ``a`` and ``b`` (``a``, ``a_hw``, ``b``, ``b_hw``) give. For a claim
+    whose word changes with the seed, this checks that the word the prose glues is computed
+    from the intervals it sits beside, not which word comes out. With ``word``, ``got`` is a
+    bool: whether the verdict is ``word``."""
+    errors = []
+    if "verdict_of" in spec:
+        v = spec["verdict_of"]
+        a, b = _interval(glued, v["a"]), _interval(glued, v["b"])
+        if a is None or b is None:
+            return [f"{name}: the intervals of {v['a']!r} and {v['b']!r} (and their _hw) were not both glued"]
+        want = _rule(a, b, bool(v.get("higher_is_better", True)))
+        if "word" in v:
+            want = want == v["word"]
+        if got != want:
+            errors.append(f"{name} = {got!r}, but the glued intervals {v['a']} = {a[0]:.4g} ± {a[1]:.3g} and "
+                          f"{v['b']} = {b[0]:.4g} ± {b[1]:.3g} give {want!r}")
+    if "all_tied_of" in spec:
+        names = spec["all_tied_of"]
+        intervals = {n: _interval(glued, n) for n in names}
+        missing = [n for n, i in intervals.items() if i is None]
+        if missing:
+            return errors + [f"{name}: the intervals of {missing} were not glued"]
+        separated = sum(_rule(intervals[a], intervals[b], True) != "tied"
+                        for i, a in enumerate(names) for b in names[i + 1:])
+        if separated == 0 and got != "tied":
+            errors.append(f"{name} = {got!r}, but no pair of {names} separates: expected 'tied'")
+        if separated and not (isinstance(got, str) and got.startswith("not all tied (")
+                              and got.count(";") + 1 == separated):
+            errors.append(f"{name} = {got!r}, but {separated} pair(s) of {names} separate: expected "
+                          f"'not all tied (...)' naming {separated}")
+    return errors
 
 
 def load_expected(chapter: str) -> dict[str, Any]:
@@ -31,7 +82,7 @@ def load_expected(chapter: str) -> dict[str, Any]:
 
 def check_value(name: str, got: Any, spec: dict[str, Any], glued: dict[str, Any]) -> list[str]:
     """Return the list of violated criteria (empty when the check holds)."""
-    errors = []
+    errors = check_verdict(name, got, spec, glued)
     if "equals" in spec and got != spec["equals"]:
         errors.append(f"{name} = {got!r}, expected {spec['equals']!r}")
     numeric = {"value", "min", "max", "less_than", "greater_than"} & set(spec)
@@ -175,3 +226,17 @@ def test_check_value_catches_violations() -> None:
     assert check_value("a", 1.0, {"greater_than": "missing"}, glued)
     assert check_value("a", float("nan"), {"min": 0.0}, glued)
     assert check_value("f", True, {"equals": False}, glued)
+    # verdicts computed from glued intervals, whatever word comes out
+    glued = {"x": 0.5, "x_hw": 0.03, "y": 0.4, "y_hw": 0.0, "z": 0.45, "z_hw": 0.2}
+    assert check_value("v", "behind", {"verdict_of": {"a": "x", "b": "y", "higher_is_better": False}}, glued) == []
+    assert check_value("v", "ahead", {"verdict_of": {"a": "x", "b": "y"}}, glued) == []
+    assert check_value("v", "tied", {"verdict_of": {"a": "x", "b": "y"}}, glued)
+    assert check_value("v", "tied", {"verdict_of": {"a": "x", "b": "z"}}, glued) == []
+    assert check_value("v", "ahead", {"verdict_of": {"a": "x", "b": "z"}}, glued)
+    assert check_value("v", "tied", {"verdict_of": {"a": "x", "b": "missing"}}, glued)
+    assert check_value("v", True, {"verdict_of": {"a": "x", "b": "y", "word": "ahead"}}, glued) == []
+    assert check_value("v", True, {"verdict_of": {"a": "x", "b": "z", "word": "ahead"}}, glued)
+    assert check_value("w", "not all tied (x ahead of y)", {"all_tied_of": ["x", "y", "z"]}, glued) == []
+    assert check_value("w", "tied", {"all_tied_of": ["x", "y", "z"]}, glued)
+    assert check_value("w", "tied", {"all_tied_of": ["x", "z"]}, glued) == []
+    assert check_value("w", "not all tied (x ahead of z)", {"all_tied_of": ["x", "z"]}, glued)
