@@ -52,6 +52,8 @@ LEXICON: list[tuple[str, str]] = [
     ("verdict", r"\bbehind\b"),
     ("verdict", r"\btied\b"),
     ("verdict", r"\bties\b"),
+    ("verdict", r"\btie\b"),
+    ("verdict", r"\bseparate(s)?\b[^.]{0,30}\b(more|less)\b"),  # "methods separate more before fine-tuning than after"
     ("verdict", r"\boutperform(s|ed|ing)?\b"),
     ("verdict", r"\bbeats?\b"),
     ("verdict", r"\bbetter than\b"),
@@ -231,6 +233,10 @@ CHECKS = {"x_word": {"equals": "tied"}, "x_speedup": {"min": 1.5}, "x_acc": {"mi
     ("It is {glue:text}`x_speedup:.1f` times faster than the dense layer.", False),
     ("Its error falls with m, and the ratio converges.", False),
     ("A sentence without any comparison. Then LookupFFN beats VanillaFFN.", True),
+    ("So many methods tie here.", True),
+    ("The methods separate much more before fine-tuning than after it.", True),
+    ("The methods separate {glue:text}`x_word` before fine-tuning than after it.", False),
+    ("The two intervals separate at m = 8.", False),
 ])
 def test_ordering_rule_on_examples(text: str, flagged: bool) -> None:
     assert bool(ordering_problems("x", [text], CHECKS)) == flagged
