@@ -239,3 +239,37 @@ def test_lm_length_sweep_checks_its_lengths_and_records_what_the_chapter_compare
     nb = nbformat.read(str(ROOT / "chapters" / f"{tool.CHAPTER}.ipynb"), as_version=4)
     source = next(c.source for c in nb.cells if "LM_RECORD_KEYS = " in c.source)
     assert f"LM_RECORD_KEYS = {tool.LM_KEYS!r}".replace("'", '"') in " ".join(source.split())
+
+
+def test_lm_length_sweep_keep_extends_only_a_record_of_the_same_settings(tmp_path) -> None:
+    sys.path.insert(0, str(ROOT / "book" / "tools"))
+    import record_lm_lengths as tool
+
+    assert tool.check_new_lengths([9600], [1200, 2400, 4800]) == [9600]
+    for bad in ([4800], [2400, 9600], [9600, 9600], [], [0]):
+        with pytest.raises(ValueError, match="--steps"):
+            tool.check_new_lengths(bad, [1200, 2400, 4800])
+    params = {k: i for i, k in enumerate(tool.LM_KEYS)}
+    length = {"steps": 1200, "a": {"valids": [1.0], "changes": [0.0]}}
+    rec = {"parameters": dict(params), "pair": ["a", "b"], "lengths": [length], "lr_sweep": {"dense": {}},
+           "commit": "abc1234", "recorded": "2026-01-01", "seconds": 10.0}
+    path = tmp_path / "rec.json"
+    with pytest.raises(ValueError, match="no record"):
+        tool.kept_record(path, params)
+    path.write_text(json.dumps({**rec, "parameters": {**params, "lm_steps": -1}}))
+    with pytest.raises(ValueError, match="lm_steps"):
+        tool.kept_record(path, params)
+    path.write_text(json.dumps({**rec, "lengths": []}))
+    with pytest.raises(ValueError, match="no lengths"):
+        tool.kept_record(path, params)
+    path.write_text(json.dumps(rec))
+    kept = tool.kept_record(path, params)
+    new = {"pair": ["a", "b"], "lengths": [{**length, "steps": 9600}], "lr_sweep": {}}
+    merged = tool.merge_kept(kept, new)
+    assert [L["steps"] for L in merged["lengths"]] == [1200, 9600]
+    assert merged["lr_sweep"] == {"dense": {}}  # the record's sweep, not this run's empty one
+    assert merged["kept"] == [{"steps": [1200], "commit": "abc1234", "recorded": "2026-01-01", "seconds": 10.0}]
+    assert [k["commit"] for k in tool.merge_kept({**kept, "kept": merged["kept"], "commit": "def5678"}, new)["kept"]] \
+        == ["abc1234", "def5678"]
+    with pytest.raises(ValueError, match="compares"):
+        tool.merge_kept(kept, {**new, "pair": ["a", "c"]})
