@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -273,3 +274,35 @@ def test_lm_length_sweep_keep_extends_only_a_record_of_the_same_settings(tmp_pat
         == ["abc1234", "def5678"]
     with pytest.raises(ValueError, match="compares"):
         tool.merge_kept(kept, {**new, "pair": ["a", "c"]})
+
+
+def test_lr_sweep_records_what_chapter_4_reads() -> None:
+    # the tool records every setting the chapter compares before it uses the record, and the committed record
+    # holds one run per candidate rate x mixer x task x seed, each with what the chapter's rule reads
+    sys.path.insert(0, str(ROOT / "book" / "tools"))
+    import ast
+
+    import nbformat
+    import record_lr_sweep as tool
+
+    params = tool.chapter_parameters(tool.CHAPTER)
+    assert set(tool.SETTINGS) <= set(params)
+    nb = nbformat.read(str(ROOT / "chapters" / f"{tool.CHAPTER}.ipynb"), as_version=4)
+    source = next(c.source for c in nb.cells if "LR_SETTINGS = (" in c.source)
+    tree = ast.parse(source)
+    chapter_keys = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                        and getattr(node.targets[0], "id", "") == "LR_SETTINGS")
+    assert set(chapter_keys) <= set(tool.SETTINGS)
+    if not tool.OUT.exists():
+        pytest.skip(f"{tool.OUT} not recorded")
+    rec = json.loads(tool.OUT.read_text())
+    assert {"recorded", "commit", "seconds", "machine", "parameters", "runs"} <= set(rec)
+    seeds = range(rec["parameters"]["train_seeds"])
+    want = {(task, kind, lr, s) for task in ("listops", "brackets") for kind in ("tno", "ski", "fd")
+            for lr in rec["parameters"]["lr_candidates"] for s in seeds}
+    want |= {("lm", kind, lr, s) for kind in ("tno", "fd") for lr in rec["parameters"]["lm_lr_candidates"] for s in seeds}
+    got = [(r["task"], r["kind"], r["lr"], r["seed"]) for r in rec["runs"]]
+    assert sorted(got) == sorted(want)
+    for r in rec["runs"]:
+        assert 0.0 <= r["change"] and r["steps"] > 0 and math.isfinite(r["val_loss"])
+        assert 0.0 <= r["accuracy"] <= 1.0 if r["task"] != "lm" else r["bpc"] > 0
