@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -239,3 +240,69 @@ def test_lm_length_sweep_checks_its_lengths_and_records_what_the_chapter_compare
     nb = nbformat.read(str(ROOT / "chapters" / f"{tool.CHAPTER}.ipynb"), as_version=4)
     source = next(c.source for c in nb.cells if "LM_RECORD_KEYS = " in c.source)
     assert f"LM_RECORD_KEYS = {tool.LM_KEYS!r}".replace("'", '"') in " ".join(source.split())
+
+
+def test_lm_length_sweep_keep_extends_only_a_record_of_the_same_settings(tmp_path) -> None:
+    sys.path.insert(0, str(ROOT / "book" / "tools"))
+    import record_lm_lengths as tool
+
+    assert tool.check_new_lengths([9600], [1200, 2400, 4800]) == [9600]
+    for bad in ([4800], [2400, 9600], [9600, 9600], [], [0]):
+        with pytest.raises(ValueError, match="--steps"):
+            tool.check_new_lengths(bad, [1200, 2400, 4800])
+    params = {k: i for i, k in enumerate(tool.LM_KEYS)}
+    length = {"steps": 1200, "a": {"valids": [1.0], "changes": [0.0]}}
+    rec = {"parameters": dict(params), "pair": ["a", "b"], "lengths": [length], "lr_sweep": {"dense": {}},
+           "commit": "abc1234", "recorded": "2026-01-01", "seconds": 10.0}
+    path = tmp_path / "rec.json"
+    with pytest.raises(ValueError, match="no record"):
+        tool.kept_record(path, params)
+    path.write_text(json.dumps({**rec, "parameters": {**params, "lm_steps": -1}}))
+    with pytest.raises(ValueError, match="lm_steps"):
+        tool.kept_record(path, params)
+    path.write_text(json.dumps({**rec, "lengths": []}))
+    with pytest.raises(ValueError, match="no lengths"):
+        tool.kept_record(path, params)
+    path.write_text(json.dumps(rec))
+    kept = tool.kept_record(path, params)
+    new = {"pair": ["a", "b"], "lengths": [{**length, "steps": 9600}], "lr_sweep": {}}
+    merged = tool.merge_kept(kept, new)
+    assert [L["steps"] for L in merged["lengths"]] == [1200, 9600]
+    assert merged["lr_sweep"] == {"dense": {}}  # the record's sweep, not this run's empty one
+    assert merged["kept"] == [{"steps": [1200], "commit": "abc1234", "recorded": "2026-01-01", "seconds": 10.0}]
+    assert [k["commit"] for k in tool.merge_kept({**kept, "kept": merged["kept"], "commit": "def5678"}, new)["kept"]] \
+        == ["abc1234", "def5678"]
+    with pytest.raises(ValueError, match="compares"):
+        tool.merge_kept(kept, {**new, "pair": ["a", "c"]})
+
+
+def test_lr_sweep_records_what_chapter_4_reads() -> None:
+    # the tool records every setting the chapter compares before it uses the record, and the committed record
+    # holds one run per candidate rate x mixer x task x seed, each with what the chapter's rule reads
+    sys.path.insert(0, str(ROOT / "book" / "tools"))
+    import ast
+
+    import nbformat
+    import record_lr_sweep as tool
+
+    params = tool.chapter_parameters(tool.CHAPTER)
+    assert set(tool.SETTINGS) <= set(params)
+    nb = nbformat.read(str(ROOT / "chapters" / f"{tool.CHAPTER}.ipynb"), as_version=4)
+    source = next(c.source for c in nb.cells if "LR_SETTINGS = (" in c.source)
+    tree = ast.parse(source)
+    chapter_keys = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                        and getattr(node.targets[0], "id", "") == "LR_SETTINGS")
+    assert set(chapter_keys) <= set(tool.SETTINGS)
+    if not tool.OUT.exists():
+        pytest.skip(f"{tool.OUT} not recorded")
+    rec = json.loads(tool.OUT.read_text())
+    assert {"recorded", "commit", "seconds", "machine", "parameters", "runs"} <= set(rec)
+    seeds = range(rec["parameters"]["train_seeds"])
+    want = {(task, kind, lr, s) for task in ("listops", "brackets") for kind in ("tno", "ski", "fd")
+            for lr in rec["parameters"]["lr_candidates"] for s in seeds}
+    want |= {("lm", kind, lr, s) for kind in ("tno", "fd") for lr in rec["parameters"]["lm_lr_candidates"] for s in seeds}
+    got = [(r["task"], r["kind"], r["lr"], r["seed"]) for r in rec["runs"]]
+    assert sorted(got) == sorted(want)
+    for r in rec["runs"]:
+        assert 0.0 <= r["change"] and r["steps"] > 0 and math.isfinite(r["val_loss"])
+        assert 0.0 <= r["accuracy"] <= 1.0 if r["task"] != "lm" else r["bpc"] > 0
