@@ -306,3 +306,81 @@ def test_lr_sweep_records_what_chapter_4_reads() -> None:
     for r in rec["runs"]:
         assert 0.0 <= r["change"] and r["steps"] > 0 and math.isfinite(r["val_loss"])
         assert 0.0 <= r["accuracy"] <= 1.0 if r["task"] != "lm" else r["bpc"] > 0
+
+
+def test_siren_study_varies_one_factor_and_reads_shorter_runs_off_the_loss_curve() -> None:
+    sys.path.insert(0, str(ROOT / "book" / "tools"))
+    import math
+
+    import nbformat
+    import record_siren_study as tool
+    from nnk_book.stats import mean_interval
+
+    # one factor at a time from the teaching (24, 48): the base once, m = width / 4
+    configs = tool.configurations([24, 64], [24, 48], 24, 48)
+    assert [(c["width"], c["size"], c["m"]) for c in configs] == [(24, 48, 6), (64, 48, 16), (24, 24, 6)]
+    for bad in ([], [2], [24.0]):
+        with pytest.raises(ValueError, match="widths"):
+            tool.configurations(bad, [48], 24, 48)
+    assert tool.check_steps([600, 1200]) == [600, 1200]
+    for bad in ([], [1200, 600], [5, 600], [600, 600]):
+        with pytest.raises(ValueError, match="--steps"):
+            tool.check_steps(bad)
+    # losses[t] is the MSE before update t + 1: the network after s updates has loss losses[s]
+    losses = [4.0 * 10 ** (-t / 10) for t in range(100)]  # PSNR 10 log10(4 / loss) = t dB
+    assert abs(tool.psnr_after(losses, 40, final_psnr=99.0) - 40.0) < 1e-9
+    assert tool.psnr_after(losses, 100, final_psnr=99.0) == 99.0
+    with pytest.raises(ValueError, match="steps"):
+        tool.psnr_after(losses, 101, final_psnr=99.0)
+    # the chapter's criterion: dB gained over the last fifth (mean of last tenth vs the tenth before)
+    assert abs(tool.gain_last_fifth(losses) - 10 * math.log10(
+        sum(losses[80:90]) / sum(losses[90:]))) < 1e-12
+    flat = [1.0] * 100
+    assert tool.gain_last_fifth(flat) == 0.0
+    # summary: paired gap per step count (independent reference: mean_interval of the differences)
+    runs = {"SIREN": [{"losses": [4.0 * 10 ** (-(20 + r) / 10)] * 100, "psnr": 30.0 + r} for r in range(3)],
+            "SNNK-SIREN, m = 6": [{"losses": [4.0 * 10 ** (-(10 + 2 * r) / 10)] * 100, "psnr": 25.0} for r in range(3)]}
+    rows = tool.summarise(runs, [50, 100], criterion_db=0.5)
+    assert [r["steps"] for r in rows] == [50, 100]
+    want = mean_interval([(20 + r) - (10 + 2 * r) for r in range(3)])
+    assert abs(rows[0]["gap"][0] - want[0]) < 1e-9 and abs(rows[0]["gap"][1] - want[1]) < 1e-9
+    assert rows[0]["verdict"] == "ahead" and rows[0]["converged"]
+    assert abs(rows[1]["gap"][0] - 6.0) < 1e-9  # final PSNRs 30, 31, 32 against 25
+    # the cells the study executes exist in the chapter, and the chapter checks the recorded settings
+    nb = nbformat.read(str(ROOT / "chapters" / f"{tool.CHAPTER}.ipynb"), as_version=4)
+    ids = {c.get("id") for c in nb.cells if c.cell_type == "code"}
+    assert set(tool.CELLS) <= ids
+    assert set(tool.SIREN_KEYS) <= set(tool.chapter_parameters(tool.CHAPTER))
+    with pytest.raises(SystemExit, match="--steps"):
+        tool.main(["--steps", "1200", "600"])
+
+
+def test_fusion_ntk_study_ranks_fusion_under_every_measure() -> None:
+    sys.path.insert(0, str(ROOT / "book" / "tools"))
+    import record_fusion_ntk_study as tool
+    from nnk_book.stats import mean_interval
+
+    base = {"intermediate": 384, "n_eval": 16}
+    configs = tool.configurations([192, 384], [16, 48], ["ffn", "all_ffns"], base)
+    assert configs == [{"k": 384, "n": 16, "scope": "ffn"}, {"k": 192, "n": 16, "scope": "ffn"},
+                       {"k": 384, "n": 48, "scope": "ffn"}, {"k": 384, "n": 16, "scope": "all_ffns"}]
+    with pytest.raises(ValueError, match="scopes"):
+        tool.configurations([384], [16], ["whole model"], base)
+    with pytest.raises(ValueError, match="ks"):
+        tool.configurations([1], [16], ["ffn"], base)
+    assert tool.rank_of({"fusion": 0.5, "a": 0.1, "b": 0.9, "c": 0.4}) == 3
+    assert tool.rank_of({"fusion": 0.1, "a": 0.1}) == 1  # a tie shares the better rank
+    with pytest.raises(ValueError, match="fusion"):
+        tool.rank_of({"a": 1.0})
+    # synthetic runs: fusion lowest with separated intervals on sign_rel, second on output
+    def runs_for(level, out):
+        return [{**{m: level + 0.01 * i for m in tool.MEASURES}, "output": out + i} for i in range(3)]
+    runs = {"fusion": runs_for(0.1, 5.0), "svd": runs_for(0.5, 2.0), "random": runs_for(0.9, 9.0)}
+    s = tool.summarise(runs)
+    assert s["sign_rel"]["fusion_rank"] == 1 and s["sign_rel"]["fusion_lowest"] and s["sign_rel"]["best"] == "fusion"
+    assert s["output"]["fusion_rank"] == 2 and not s["output"]["fusion_lowest"] and s["output"]["best"] == "svd"
+    assert s["sgd_rel"]["mean_hw"]["svd"] == list(mean_interval([0.5, 0.51, 0.52]))
+    assert set(s) == set(tool.MEASURES)
+    assert set(tool.KEYS) <= set(tool.chapter_parameters(tool.CHAPTER))
+    with pytest.raises(SystemExit, match="scopes"):
+        tool.main(["--scopes", "everything"])
