@@ -21,7 +21,7 @@ from glued import glued_names, read_glued
 
 EXPECTED = Path(__file__).resolve().parent / "expected"
 CHAPTERS = run_chapters.chapter_names()
-CRITERIA = {"value", "atol", "rtol", "min", "max", "less_than", "greater_than", "equals", "verdict_of", "all_tied_of"}
+CRITERIA = {"value", "atol", "rtol", "min", "max", "less_than", "greater_than", "equals", "verdict_of", "all_tied_of", "when"}
 
 
 def _interval(glued: dict[str, Any], name: str) -> tuple[float, float] | None:
@@ -81,7 +81,17 @@ def load_expected(chapter: str) -> dict[str, Any]:
 
 
 def check_value(name: str, got: Any, spec: dict[str, Any], glued: dict[str, Any]) -> list[str]:
-    """Return the list of violated criteria (empty when the check holds)."""
+    """Return the list of violated criteria (empty when the check holds).
+
+    ``when: {other: value}`` makes the check conditional: it applies only to a run whose glued
+    ``other`` equals ``value`` (e.g. a recorded study compared with this run only when the run
+    used the study's settings and seed); the condition's name must be glued.
+    """
+    for other, wanted in spec.get("when", {}).items():
+        if other not in glued:
+            return [f"{name}: the condition's value {other!r} was not glued"]
+        if glued[other] != wanted:
+            return []
     errors = check_verdict(name, got, spec, glued)
     if "equals" in spec and got != spec["equals"]:
         errors.append(f"{name} = {got!r}, expected {spec['equals']!r}")
@@ -225,6 +235,10 @@ def test_check_value_catches_violations() -> None:
     assert check_value("b", 2.0, {"less_than": "a"}, glued)
     assert check_value("a", 1.0, {"greater_than": "missing"}, glued)
     assert check_value("a", float("nan"), {"min": 0.0}, glued)
+    # a conditional check applies only when its condition holds, and its condition must be glued
+    assert check_value("a", 1.0, {"min": 2.0, "when": {"flag": True}}, {**glued, "flag": True})
+    assert check_value("a", 1.0, {"min": 2.0, "when": {"flag": True}}, {**glued, "flag": False}) == []
+    assert check_value("a", 1.0, {"min": 2.0, "when": {"flag": True}}, glued)
     assert check_value("f", True, {"equals": False}, glued)
     # verdicts computed from glued intervals, whatever word comes out
     glued = {"x": 0.5, "x_hw": 0.03, "y": 0.4, "y_hw": 0.0, "z": 0.45, "z_hw": 0.2}
