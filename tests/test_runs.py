@@ -32,7 +32,7 @@ def recorded_name_patterns(chapter: str) -> list[re.Pattern]:
     nb = nbformat.read(str(ROOT / "chapters" / f"{chapter}.ipynb"), as_version=4)
     source = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
     patterns = []
-    for name in re.findall(r'record\(f?"([^"]+)"', source):
+    for name in re.findall(r'record\(\s*f?"([^"]+)"', source):
         pieces = re.split(r"\{[^}]*\}", name)
         patterns.append(re.compile(r"\w+".join(re.escape(p) for p in pieces)))
     return patterns
@@ -56,10 +56,30 @@ def test_record_is_well_formed(path: Path) -> None:
     assert not stale, f"{path.name} holds results the chapter no longer records: {stale}"
 
 
+def profile_checks(expected: dict, profile: str) -> dict:
+    """The checks a record of ``profile`` must meet: its section ``<profile>_checks``, and, when
+    that section says ``inherit: checks``, every teaching-scale check too (a claim of the chapter
+    must still hold at the larger scale; the section's own entries override same-named ones)."""
+    section = dict(expected.get(f"{profile}_checks") or {})
+    inherit = section.pop("inherit", None)
+    if inherit not in (None, "checks"):
+        raise ValueError(f"{profile}_checks: inherit must be 'checks', got {inherit!r}")
+    return {**(expected.get("checks", {}) if inherit else {}), **section}
+
+
+def test_profile_checks_inherit_the_teaching_checks() -> None:
+    expected = {"checks": {"a": {"min": 0}, "b": {"max": 1}}, "record_checks": {"inherit": "checks", "b": {"max": 2}}}
+    assert profile_checks(expected, "record") == {"a": {"min": 0}, "b": {"max": 2}}
+    assert profile_checks({"checks": {"a": {}}, "record_checks": {"c": {}}}, "record") == {"c": {}}
+    assert profile_checks({"checks": {"a": {}}}, "paper") == {}
+    with pytest.raises(ValueError, match="inherit"):
+        profile_checks({"record_checks": {"inherit": "everything"}}, "record")
+
+
 @pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
 def test_record_meets_the_claims_for_its_profile(path: Path) -> None:
     data = json.loads(path.read_text())
-    checks = load_expected(data["chapter"]).get(f"{data['profile']}_checks", {})
+    checks = profile_checks(load_expected(data["chapter"]), data["profile"])
     assert checks, f"tests/expected/{data['chapter']}.yaml has no {data['profile']}_checks for this record"
     values = data["values"]
     failures = []
