@@ -185,8 +185,9 @@ def test_bench_results_and_recorded_runs_are_found_through_the_package() -> None
     assert records.bench_results("no_such_bench") is None
     with pytest.raises(ValueError, match="name"):
         records.bench_results("../etc")
-    run = records.recorded_run("03_bundling")
+    run = records.largest_recorded_run("03_bundling")
     assert run is not None and run["values"] and run["current"] in (True, False, None)
+    assert records.recorded_run("03_bundling", run["profile"])["values"] == run["values"]
     assert records.recorded_run("01_ntk", "no_profile") is None
     rows = records.paper_scale_rows([("a", "x", "{:.2f}"), ("b", "y", "{}")], {"x": 1.234}, {"values": {"y": "s"}})
     assert rows == [["a", "1.23", "—"], ["b", "—", "s"]]
@@ -242,7 +243,7 @@ def test_mean_interval_matches_scipy_and_separation_rules() -> None:
     assert nnk_book.intervals_separate([1.0, 1.1, 0.9], [2.0, 2.1, 1.9])
 
 
-def test_show_recorded_run_glues_the_record(capsys) -> None:
+def test_show_recorded_run_glues_the_record(capsys, monkeypatch, tmp_path) -> None:
     record = Recorder(glue=False)
     data = nnk_book.show_recorded_run("03_bundling", "bnd", [("x", "bnd_reg_splits", "{}")], {"bnd_reg_splits": 3},
                                       record)
@@ -251,6 +252,7 @@ def test_show_recorded_run_glues_the_record(capsys) -> None:
     assert record.results["bnd_full_current"] in (True, False)
     assert "recorded" in capsys.readouterr().out
     missing = Recorder(glue=False)
+    monkeypatch.setattr(nnk_book.records, "RUNS", tmp_path)  # a chapter with no record at all
     assert nnk_book.show_recorded_run("01_ntk", "ntk", [("y", "ntk_a", "{}")], {}, missing) is None
     assert missing.results["ntk_full_a"] == "n/a" and missing.results["ntk_full_current"] is False
 
