@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import io
 import re
 
@@ -548,3 +549,11 @@ def test_chapter_parameters_reads_the_parameters_cell() -> None:
     for bad in ("no_such_chapter", "../01_ntk", ""):
         with pytest.raises(ValueError, match="chapter"):
             chapter_parameters(bad)
+
+
+def test_write_record_json_creates_the_folder_and_round_trips(tmp_path) -> None:
+    from nnk_book.files import write_record_json
+
+    path = write_record_json(tmp_path / "runs" / "sweeps" / "x.json", {"a": [1, 2.5], "b": "c"})
+    assert json.loads(path.read_text()) == {"a": [1, 2.5], "b": "c"} and path.read_text().endswith("\n")
+    assert not [p for p in path.parent.iterdir() if p != path], "no temporary file left behind"

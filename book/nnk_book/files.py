@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -34,3 +36,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
     """:func:`atomic_write_bytes` for text."""
     return atomic_write_bytes(path, text.encode(encoding))
+
+
+def write_record_json(path: str | os.PathLike, record: Any) -> Path:
+    """Write a recorded run or sweep (``book/runs/``) as indented JSON, atomically, creating its
+    folder: the one writer of the ``book/tools/record_*.py`` scripts."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(path, json.dumps(record, indent=1) + "\n")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "book"))
-from nnk_book.files import atomic_write_text  # noqa: E402
+from nnk_book.files import write_record_json  # noqa: E402
 from nnk_book.records import chapter_parameters  # noqa: E402
 from nnk_book.stats import mean_interval, verdict  # noqa: E402
 
@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "by_epoch": rows,
         "curves": curves,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
+    write_record_json(args.out, record)
     print(f"wrote {args.out}: verdict {rows[-1]['verdict']} from {settled} epochs to the end ({args.epochs})")
     return 0
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
-import json
 import os
 import platform
 import subprocess
@@ -49,7 +48,7 @@ from typing import Any, Mapping, Sequence
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "book"))
 sys.path.insert(0, str(ROOT))
-from nnk_book.files import atomic_write_text  # noqa: E402
+from nnk_book.files import write_record_json  # noqa: E402
 from nnk_book.records import chapter_parameters  # noqa: E402
 from nnk_book.stats import mean_interval, verdict  # noqa: E402
 
@@ -265,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "measures": list(MEASURES),
         "configurations": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
+    write_record_json(args.out, record)
     print(f"wrote {args.out}: {len(rows)} configurations in {record['cpu_seconds']:.0f} CPU-s")
     return 0
 

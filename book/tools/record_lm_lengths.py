@@ -48,7 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "book"))
-from nnk_book.files import atomic_write_text  # noqa: E402
+from nnk_book.files import atomic_write_text, write_record_json  # noqa: E402
 from nnk_book.records import chapter_parameters  # noqa: E402
 
 CHAPTER = "05_lookupffn"
@@ -155,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                      + " steps")} if args.keep else {}),
         **values,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
+    write_record_json(args.out, record)
     lengths = values["lengths"]
     moved = (max(abs(sum(lengths[-1][n]["valids"]) / len(lengths[-1][n]["valids"])
                      - sum(lengths[-2][n]["valids"]) / len(lengths[-2][n]["valids"])) for n in values["pair"])

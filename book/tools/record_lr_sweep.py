@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "book"))
-from nnk_book.files import atomic_write_text  # noqa: E402
+from nnk_book.files import write_record_json  # noqa: E402
 from nnk_book.records import chapter_parameters  # noqa: E402
 
 CHAPTER = "04_toeplitz"
@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": {**{k: params[k] for k in SETTINGS}, "seed": args.seed},
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
+    write_record_json(args.out, record)
     print(f"wrote {args.out}: {len(runs)} runs in {seconds:.0f} s")
     return 0
 

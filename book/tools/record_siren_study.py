@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
 import os
 import platform
@@ -45,7 +44,7 @@ from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "book"))
-from nnk_book.files import atomic_write_text  # noqa: E402
+from nnk_book.files import write_record_json  # noqa: E402
 from nnk_book.records import chapter_parameters  # noqa: E402
 from nnk_book.stats import mean_interval, verdict  # noqa: E402
 
@@ -208,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "criterion_db": 0.5,
         "configurations": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
+    write_record_json(args.out, record)
     print(f"wrote {args.out}: {len(results)} configurations in {record['cpu_seconds']:.0f} CPU-s")
     return 0
 
