@@ -137,3 +137,33 @@ def test_docstrings_hold_no_control_characters() -> None:
                     if doc and bad.search(doc):
                         found.append(f"{path.relative_to(root)}: {getattr(node, 'name', '<module>')}")
     assert not found, f"docstrings with control characters (escape the backslash or use r\"\"\"): {found}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.complex64])
+def test_all_finite_matches_the_entrywise_test(dtype):
+    """kernels._checks.all_finite (a sum first, the entry-wise test only when the sum is
+    not finite) against torch.isfinite(...).all(): NaN and +-inf anywhere, both signs of
+    inf together (their sum is NaN), finite entries whose sum overflows, and empty tensors."""
+    from kernels._checks import all_finite, check_tensor
+
+    big = torch.finfo(torch.float16 if dtype == torch.float16 else
+                      torch.float32 if dtype in (torch.float32, torch.complex64) else torch.float64).max
+    cases = [torch.zeros(0, dtype=dtype), torch.randn(5, 7).to(dtype), torch.full((4, 3), big, dtype=dtype)]
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for at in (0, 17, 34):
+            x = torch.randn(5, 7).to(dtype)
+            x.view(-1)[at] = bad
+            cases.append(x)
+    both = torch.randn(3, 3).to(dtype)
+    both[0, 0], both[2, 2] = float("inf"), -float("inf")
+    cases.append(both)
+    if dtype.is_complex:
+        x = torch.randn(4, 4, dtype=dtype)
+        x[1, 1] = complex(0.0, float("nan"))
+        cases.append(x)
+    for x in cases:
+        want = bool(torch.isfinite(x).all())
+        assert all_finite(x) == want, x
+        if not want:
+            with pytest.raises(ValueError, match="x contains NaN or infinite values"):
+                check_tensor("x", x, complex_ok=True)
