@@ -557,3 +557,27 @@ def test_write_record_json_creates_the_folder_and_round_trips(tmp_path) -> None:
     path = write_record_json(tmp_path / "runs" / "sweeps" / "x.json", {"a": [1, 2.5], "b": "c"})
     assert json.loads(path.read_text()) == {"a": [1, 2.5], "b": "c"} and path.read_text().endswith("\n")
     assert not [p for p in path.parent.iterdir() if p != path], "no temporary file left behind"
+
+
+def test_atomic_write_gives_the_mode_a_plain_open_would(tmp_path) -> None:
+    # mkstemp's owner-only 0o600 must not leak into committed records: a new file gets
+    # 0o666 less the umask (as open() would), a rewritten file keeps its mode
+    import os
+    import stat
+
+    from nnk_book.files import atomic_write_text
+
+    for umask in (0o022, 0o077, 0o002):
+        old = os.umask(umask)
+        try:
+            path = atomic_write_text(tmp_path / f"new-{umask:o}.json", "{}")
+            with open(tmp_path / f"plain-{umask:o}.json", "w") as fh:
+                fh.write("{}")
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE(path.stat().st_mode) == stat.S_IMODE((tmp_path / f"plain-{umask:o}.json").stat().st_mode)
+    kept = tmp_path / "kept.json"
+    kept.write_text("x")
+    kept.chmod(0o640)
+    atomic_write_text(kept, "y")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o640 and kept.read_text() == "y"
