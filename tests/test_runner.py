@@ -41,6 +41,13 @@ def fixtures(tmp_path_factory) -> Path:
             "from myst_nb import glue\nglue('done', 1, display=False)")
     write_notebook(src / "spins.ipynb", [params, ("code", spin)])
     write_notebook(src / "busy_loop.ipynb", [params, ("code", "while True:\n    pass")])
+    # Writes its kernel's pid, then computes for ever without output.
+    write_notebook(src / "pid_loop.ipynb", [("code", "pid_file = ''", ["parameters"]),
+                                            ("code", "import os\nopen(pid_file, 'w').write(str(os.getpid()))"),
+                                            ("code", "while True:\n    pass")])
+    write_notebook(src / "pid_sleep.ipynb", [("code", "pid_file = ''", ["parameters"]),
+                                             ("code", "import os\nopen(pid_file, 'w').write(str(os.getpid()))"),
+                                             ("code", "import time\nwhile True:\n    time.sleep(1)")])
     net = ("import socket\n"
            "socket.create_connection(('192.0.2.1', 80), timeout=1)")  # TEST-NET-1: never routed
     write_notebook(src / "network.ipynb", [params, ("code", net)])
@@ -106,6 +113,23 @@ def test_hard_limit_and_cpu_limit_end_a_busy_loop(fixtures, tmp_path) -> None:
     cpu = _run(fixtures, tmp_path, "busy_loop", spec={"budget_s": 300, "cpu_s": 3, "parameters": {}})
     assert cpu.status == "timeout" and "CPU limit" in cpu.message, cpu.message
     assert cpu.cpu_s >= 3
+
+
+@pytest.mark.parametrize("name, limit, status", [("pid_loop", {"hard_limit_s": 15}, "timeout"),
+                                                 ("pid_sleep", {"stall_s": 5}, "hung")])
+def test_a_stopped_chapter_leaves_no_kernel_running(fixtures, tmp_path, name, limit, status) -> None:
+    """jupyter_client starts the kernel in a session of its own: killing papermill's group
+    left it computing (and writing results) until its parent poller noticed. The runner
+    returns only once the kernel is gone."""
+    import psutil
+
+    pid_file = tmp_path / "kernel.pid"
+    spec = {"budget_s": 300, **limit, "parameters": {"pid_file": str(pid_file)}}
+    result = _run(fixtures, tmp_path, name, spec=spec)
+    assert result.status == status, result.message
+    pid = int(pid_file.read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, \
+        "the chapter's kernel outlived the runner's stop"
 
 
 def test_limits_default_from_the_budget() -> None:

@@ -249,17 +249,17 @@ def reuse_cached(chapter: str, profile: str, spec: dict[str, Any], out_dir: Path
 # --- one chapter ----------------------------------------------------------------------
 
 class _Live:
-    """The process groups of running chapters, so that Ctrl-C can stop all of them."""
+    """The running chapters' process trees, so that Ctrl-C can stop all of them."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.pids: set[int] = set()
+        self.watches: set[_Watch] = set()
         self.stop = threading.Event()
 
     def kill_all(self) -> None:
         with self.lock:
-            for pid in list(self.pids):
-                _kill_group(pid)
+            for watch in list(self.watches):
+                watch.kill_tree()
 
 
 _LIVE = _Live()
@@ -341,6 +341,12 @@ class _Watch:
         self.cell: int | None = None
         self.kernel: Any = None  # psutil.Process of the kernel, once started
         self.kernel_gone_at: float | None = None
+        # Every process seen in the tree. jupyter_client starts the kernel in a session of its
+        # own, so killing papermill's process group leaves it running (an orphan that only
+        # ends when its parent poller notices, a second later, or never under a subreaper):
+        # kill_tree kills each process seen, and the groups they lead.
+        self._procs: dict[int, Any] = {pid: self.root}
+        self._lock = threading.Lock()
 
     def _read_log(self) -> bool:
         try:
@@ -361,9 +367,31 @@ class _Watch:
 
     def _tree(self) -> list[Any]:
         try:
-            return [self.root, *self.root.children(recursive=True)]
+            tree = [self.root, *self.root.children(recursive=True)]
         except self._psutil.Error:
             return []
+        with self._lock:
+            for proc in tree:
+                self._procs.setdefault(proc.pid, proc)
+        return tree
+
+    def kill_tree(self, wait_s: float = 10.0) -> None:
+        """SIGKILL papermill, the kernel and everything either started, and wait for them
+        to end, so that no kernel computes (or writes a result) after the chapter stopped."""
+        self._tree()  # the children started since the last poll, while papermill still lives
+        with self._lock:
+            procs = list(self._procs.values())
+        _kill_group(self.root.pid)  # papermill's group, as before
+        for proc in procs:
+            try:
+                if not proc.is_running():  # compares the start time too: never a recycled pid
+                    continue
+                if os.getpgid(proc.pid) == proc.pid:
+                    _kill_group(proc.pid)  # a group it leads (the kernel leads its own session)
+                proc.kill()
+            except (self._psutil.Error, ProcessLookupError):
+                pass
+        self._psutil.wait_procs(procs, timeout=wait_s)
 
     def poll(self, now: float) -> tuple[bool, float]:
         """Read what changed since the last call: (the log grew, CPU seconds used since)."""
@@ -447,7 +475,7 @@ def run_one(
 
     def stop(new_status: str, why: str) -> None:
         nonlocal status, message, cell, rc
-        _kill_group(proc.pid)
+        watch.kill_tree()
         proc.wait()
         watch.poll(time.perf_counter())
         status, message, rc = new_status, why, None
@@ -460,9 +488,9 @@ def run_one(
         with open(log, "w") as logfh:
             proc = subprocess.Popen(cmd, stdout=logfh, stderr=subprocess.STDOUT, env=env,
                                     cwd=ROOT, start_new_session=True)
-            with _LIVE.lock:
-                _LIVE.pids.add(proc.pid)
             watch = _Watch(proc.pid, log)
+            with _LIVE.lock:
+                _LIVE.watches.add(watch)
             next_report = REPORT_EVERY_S
             last_progress, cpu_at_progress = start, 0.0
             try:
@@ -508,9 +536,9 @@ def run_one(
                                  + (f"; {sweep}" if sweep else ""))
                         next_report += REPORT_EVERY_S
             finally:
-                _kill_group(proc.pid)  # stray kernel processes, if any
+                watch.kill_tree()  # stray kernel processes, if any
                 with _LIVE.lock:
-                    _LIVE.pids.discard(proc.pid)
+                    _LIVE.watches.discard(watch)
         if status == "ok" and rc != 0:
             # (The kernel is also gone when papermill shuts it down after an error.)
             died = _kernel_died(log)
