@@ -228,6 +228,43 @@ def test_configure_torch_sets_threads_and_seed(monkeypatch) -> None:
         torch.set_num_threads(saved)
 
 
+def test_idle_threads_follows_the_measured_use_of_the_cores(monkeypatch) -> None:
+    import os
+
+    import psutil
+
+    cores = os.cpu_count() or 1
+    seen = []
+
+    def fake(percent):
+        def cpu_percent(interval=None):
+            seen.append(interval)
+            return percent
+        return cpu_percent
+
+    monkeypatch.setattr(psutil, "cpu_percent", fake(0.0))
+    assert nnk_book.idle_threads(4) == 4 and seen == [0.5]
+    monkeypatch.setattr(psutil, "cpu_percent", fake(100.0 * 0.6 / cores))  # 0.6 cores busy elsewhere
+    assert nnk_book.idle_threads(4) == 1
+    assert nnk_book.idle_threads(4, busy_cores=0.7) == 4
+    monkeypatch.setattr(psutil, "cpu_percent", fake(100.0))
+    assert nnk_book.idle_threads(2, sample_s=0.1) == 1 and seen[-1] == 0.1
+    seen.clear()
+    assert nnk_book.idle_threads(1) == 1 and not seen, "one thread needs no measurement"
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="threads"):
+            nnk_book.idle_threads(bad)
+    for kwargs, name in (({"sample_s": 0}, "sample_s"), ({"sample_s": 11}, "sample_s"),
+                         ({"busy_cores": 0}, "busy_cores"), ({"busy_cores": True}, "busy_cores")):
+        with pytest.raises(ValueError, match=name):
+            nnk_book.idle_threads(2, **kwargs)
+
+
+def test_idle_threads_measures_the_machine() -> None:
+    """The real measurement: a positive thread count no larger than asked for."""
+    assert nnk_book.idle_threads(2, sample_s=0.05) in (1, 2)
+
+
 def test_mean_interval_matches_scipy_and_separation_rules() -> None:
     from scipy import stats
 
@@ -513,6 +550,53 @@ def test_pooled_tail_equals_mean_pool_of_encoder_tail(minilm_batch) -> None:
         assert float(g_got[~mask.bool()].abs().max()) == 0.0  # padding never reaches the embedding
     with pytest.raises(ValueError, match="mask"):
         pooled_tail(model, 5, mask[:, :8], att)
+
+
+def test_frozen_copy_shares_only_the_frozen_weights(minilm_batch) -> None:
+    from kernels.fusion import find_ffn_blocks
+    from nnk_book import frozen_copy
+
+    model, ids, mask, types = minilm_batch
+    layers = [1, 5]
+    copy_ = frozen_copy(model, layers)
+    own = {id(t) for layer in layers for block in [find_ffn_blocks(copy_)[layer]]
+           for t in (*block.linear1.parameters(), *block.linear2.parameters())}
+    assert len(own) == 4 * len(layers)
+    originals = dict(model.named_parameters())
+    for name, prm in copy_.named_parameters():
+        if id(prm) in own:
+            assert prm is not originals[name] and torch.equal(prm, originals[name]), name
+        else:
+            assert prm is originals[name], f"{name} was copied, not shared"
+    assert copy_ is not model and copy_.encoder.layer[0] is not model.encoder.layer[0], "modules are its own"
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        torch.testing.assert_close(copy_(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state,
+                                   want, rtol=0, atol=0)
+        before = find_ffn_blocks(model)[5].linear2.weight.clone()
+        find_ffn_blocks(copy_)[5].linear2.weight.mul_(0.5)
+        assert torch.equal(find_ffn_blocks(model)[5].linear2.weight, before), "the original's FFN was written"
+    full = frozen_copy(model, layers, train_all_layers=True)
+    assert not {id(p) for p in full.parameters()} & {id(p) for p in model.parameters()}
+    assert all(torch.equal(a, b) for a, b in zip(full.parameters(), model.parameters()))
+
+
+def test_frozen_copy_rejects_bad_input() -> None:
+    from nnk_book import frozen_copy
+
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+    copied = frozen_copy(mlp, [0])
+    assert all(a is not b and torch.equal(a, b) for a, b in zip(copied.parameters(), mlp.parameters()))
+    with pytest.raises(TypeError, match="model"):
+        frozen_copy("minilm", [0])
+    with pytest.raises(TypeError, match="layers"):
+        frozen_copy(mlp, "0")
+    with pytest.raises(ValueError, match="layers"):
+        frozen_copy(mlp, [1])
+    with pytest.raises(ValueError, match="layers"):
+        frozen_copy(mlp, [-1])
+    with pytest.raises(TypeError, match="train_all_layers"):
+        frozen_copy(mlp, [0], train_all_layers=1)
 
 
 def test_encoder_tail_rejects_bad_input(minilm_batch) -> None:

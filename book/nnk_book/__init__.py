@@ -23,6 +23,7 @@ from nnk_book.training import (
     attention_output,
     converged,
     encoder_tail,
+    frozen_copy,
     hidden_states,
     mean_pool,
     plot_seed_losses,
@@ -35,7 +36,7 @@ from nnk_book.training import (
 )
 from nnk_book.records import bench_results, machine_line, paper_scale_rows, recorded_run, show_recorded_run
 from nnk_book.figures import FigureLegibilityError, check_legible, figure_png, use_book_style
-from nnk_book.results import Recorder, configure_torch, generator, html_table, plain
+from nnk_book.results import Recorder, configure_torch, generator, html_table, idle_threads, plain
 from nnk_book.widgets import Choice, figure_explorer
 
 __all__ = [
@@ -52,9 +53,11 @@ __all__ = [
     "figure_explorer",
     "figure_png",
     "format_interval",
+    "frozen_copy",
     "generator",
     "hidden_states",
     "html_table",
+    "idle_threads",
     "intervals_separate",
     "machine_line",
     "mean_interval",

@@ -14,6 +14,8 @@ output of that block once and run only the *tail* of the encoder from there:
 * :func:`train_loop` with :func:`warmup_linear_decay` and :func:`random_batches`: the
   AdamW loop with a linear warm-up and linear decay of the learning rate, losses per step
   and an evaluation at checkpoints;
+* :func:`frozen_copy`: a copy of the model to compress or train that shares the frozen
+  weights with the original;
 * :func:`converged`: the chapters' convergence criterion (the loss changed by at most
   ``max(0.03 nats, 10 %)`` between the last two checkpoints or windows);
 * :func:`smooth` and :func:`plot_smoothed`: moving averages of loss curves.
@@ -34,6 +36,7 @@ __all__ = [
     "attention_output",
     "converged",
     "encoder_tail",
+    "frozen_copy",
     "hidden_states",
     "mean_pool",
     "plot_seed_losses",
@@ -166,6 +169,37 @@ def pooled_tail(model: nn.Module, start: int, mask: Tensor, attention: Tensor) -
     out = _layers(model)[start].feed_forward_chunk(attention[keep][None])[0]
     total = torch.zeros(mask.shape[0], out.shape[-1], dtype=out.dtype, device=out.device).index_add(0, rows, out)
     return total / keep.sum(1, keepdim=True).to(out.dtype)
+
+
+def frozen_copy(model: nn.Module, layers: Sequence[int], train_all_layers: bool = False) -> nn.Module:
+    """A copy of ``model`` with modules of its own and its own FFN weights in ``layers``
+    (:func:`kernels.fusion.find_ffn_blocks`), every other parameter and buffer *shared*
+    with ``model``: what chapter 6 compresses or fine-tunes when only the compressed FFNs
+    train, without copying MiniLM's 22M frozen weights for each of its ~90 models. The
+    caller must not write the shared tensors. With ``train_all_layers`` every parameter
+    trains, and the copy is a full ``copy.deepcopy``.
+    """
+    import copy
+
+    from kernels.fusion import find_ffn_blocks
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(train_all_layers, bool):
+        raise TypeError(f"train_all_layers must be a bool, got {type(train_all_layers).__name__}")
+    blocks = find_ffn_blocks(model)
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+        raise TypeError(f"layers must be a sequence of FFN indices, got {type(layers).__name__}")
+    for layer in layers:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(blocks):
+            raise ValueError(f"layers must hold FFN indices in [0, {len(blocks)}), got {list(layers)!r}")
+    if train_all_layers:
+        return copy.deepcopy(model)
+    own = {id(t) for layer in layers for block in [blocks[layer]]
+           for t in (*block.linear1.parameters(), *block.linear2.parameters(), *block.linear1.buffers(),
+                     *block.linear2.buffers())}
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers()) if id(t) not in own}
+    return copy.deepcopy(model, memo=shared)
 
 
 def converged(values: Sequence[float], window: int = 1, nats: float = 0.03, relative: float = 0.10) -> tuple[bool, float]:
