@@ -12,6 +12,7 @@ The recorder itself is tested on a synthetic executed notebook.
 from __future__ import annotations
 
 import json
+import sys
 import re
 from pathlib import Path
 
@@ -28,14 +29,37 @@ REQUIRED = {"chapter", "profile", "note", "recorded", "seconds", "commit", "para
 
 
 def recorded_name_patterns(chapter: str) -> list[re.Pattern]:
-    """Names the chapter's source passes to ``record(...)``; f-string fields match any word."""
+    """Names the chapter's source passes to ``record(...)``; f-string fields match any word.
+
+    A name recorded through a variable (``for key, ... in (("tnn_lr_fd_verdict", ...), ...):
+    record(key, ...)``) counts when it stands in the code as a string literal of a glued
+    name's shape (``prefix_rest``)."""
     nb = nbformat.read(str(ROOT / "chapters" / f"{chapter}.ipynb"), as_version=4)
     source = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
     patterns = []
     for name in re.findall(r'record\(\s*f?"([^"]+)"', source):
         pieces = re.split(r"\{[^}]*\}", name)
         patterns.append(re.compile(r"\w+".join(re.escape(p) for p in pieces)))
+    for literal in set(re.findall(r'["\']([a-z]+_[a-z0-9_]+)["\']', source)):
+        patterns.append(re.compile(re.escape(literal)))
     return patterns
+
+
+def test_names_recorded_through_a_variable_count(tmp_path, monkeypatch) -> None:
+    import nbformat.v4 as v4
+
+    chapters = tmp_path / "chapters"
+    chapters.mkdir()
+    nb = v4.new_notebook(cells=[v4.new_code_cell(
+        'record("a_plain", 1)\nrecord(f"b_{k}_hw", 2)\n'
+        'for key in ("c_by_loop", "d_too"):\n    record(key, 3)')])
+    nbformat.write(nb, str(chapters / "toy.ipynb"))
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    patterns = recorded_name_patterns("toy")
+    for name in ("a_plain", "b_x_hw", "c_by_loop", "d_too"):
+        assert any(p.fullmatch(name) for p in patterns), name
+    for name in ("a_plainer", "b_x", "e_never"):
+        assert not any(p.fullmatch(name) for p in patterns), name
 
 
 def test_there_are_records_to_check() -> None:
