@@ -104,6 +104,11 @@ def html_table(header: Sequence[object], rows: Iterable[Sequence[object]], *, es
                 f"<tbody>{body}</tbody></table>")
 
 
+def _check_threads(threads: object) -> None:
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+
+
 def configure_torch(seed: int, threads: int | None = None) -> str:
     """Set torch's thread count and global seed the way every chapter does; describe it.
 
@@ -116,8 +121,7 @@ def configure_torch(seed: int, threads: int | None = None) -> str:
 
     if threads is None:
         threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    _check_threads(threads)
     generator(seed)  # validates the seed
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -136,8 +140,7 @@ def idle_threads(threads: int, *, sample_s: float = 0.5, busy_cores: float = 0.5
     below ``busy_cores`` cores in use counts as idle. The thread count changes a chapter's
     results only by floating-point rounding (the order of a few sums).
     """
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    _check_threads(threads)
     if isinstance(sample_s, bool) or not isinstance(sample_s, numbers.Real) or not 0 < sample_s <= 10:
         raise ValueError(f"sample_s must be a number of seconds in (0, 10], got {sample_s!r}")
     if isinstance(busy_cores, bool) or not isinstance(busy_cores, numbers.Real) or not busy_cores > 0:
