@@ -20,7 +20,7 @@ import nbformat
 import pytest
 import yaml
 
-from record_run import record
+from record_run import record, results_of_this_run
 from test_chapters import check_value, load_expected
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def recorded_name_patterns(chapter: str) -> list[re.Pattern]:
     patterns = []
     for name in re.findall(r'record\(\s*f?"([^"]+)"', source):
         pieces = re.split(r"\{[^}]*\}", name)
-        patterns.append(re.compile(r"\w+".join(re.escape(p) for p in pieces)))
+        patterns.append(re.compile(r"\w*".join(re.escape(p) for p in pieces)))  # a tag may be ""
     for literal in set(re.findall(r'["\']([a-z]+_[a-z0-9_]+)["\']', source)):
         patterns.append(re.compile(re.escape(literal)))
     return patterns
@@ -51,12 +51,12 @@ def test_names_recorded_through_a_variable_count(tmp_path, monkeypatch) -> None:
     chapters = tmp_path / "chapters"
     chapters.mkdir()
     nb = v4.new_notebook(cells=[v4.new_code_cell(
-        'record("a_plain", 1)\nrecord(f"b_{k}_hw", 2)\n'
+        'record("a_plain", 1)\nrecord(f"b_{k}_hw", 2)\nrecord(f"t_sing{tag}", 3)\n'
         'for key in ("c_by_loop", "d_too"):\n    record(key, 3)')])
     nbformat.write(nb, str(chapters / "toy.ipynb"))
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     patterns = recorded_name_patterns("toy")
-    for name in ("a_plain", "b_x_hw", "c_by_loop", "d_too"):
+    for name in ("a_plain", "b_x_hw", "c_by_loop", "d_too", "t_sing", "t_sing_l5"):
         assert any(p.fullmatch(name) for p in patterns), name
     for name in ("a_plainer", "b_x", "e_never"):
         assert not any(p.fullmatch(name) for p in patterns), name
@@ -148,6 +148,26 @@ def test_record_writes_the_glued_values(tmp_path: Path) -> None:
     assert data["values"] == {"rf_x": 1.5, "rf_y": "inf"}  # rf_full_x: an earlier record's value, left out
     assert data["seconds"] == 12.3 and data["parameters"] == {"seed": 0} and data["note"] == "a note"
     assert data["machine"]["threads"] == 2 and data["machine"]["logical_cores"] >= 1
+
+
+def test_a_resumed_run_keeps_its_earlier_starts(tmp_path: Path) -> None:
+    out = record(_executed(tmp_path), "full", "", 2, out_dir=tmp_path / "runs", earlier_seconds=[3385.4, 3121])
+    data = json.loads(out.read_text())
+    assert data["seconds"] == 12.3 and data["earlier_starts_seconds"] == [3385.4, 3121.0]
+    assert "earlier_starts_seconds" not in json.loads(record(_executed(tmp_path), "full", "", 2,
+                                                             out_dir=tmp_path / "one").read_text())
+    for bad in ([0.0], [-5.0], [float("nan")]):
+        with pytest.raises(ValueError, match="earlier_seconds"):
+            record(_executed(tmp_path), "full", "", 2, out_dir=tmp_path / "bad", earlier_seconds=bad)
+
+
+def test_only_copies_of_an_earlier_record_are_left_out() -> None:
+    glued = {"rf_x": 1.0, "rf_full_x": 2.0, "rf_full_recorded": "2026-11-23", "rf_full_minutes": 85.0,
+             "rf_full_threads": 2, "rf_full_current": False,
+             # results whose names merely contain "_full_": no rf_width_max_err beside it, another prefix
+             "fus_full_width_max_err": 1e-6, "fus_widget_full_svd_sign_rel": 0.3}
+    assert results_of_this_run(glued) == {"rf_x": 1.0, "fus_full_width_max_err": 1e-6,
+                                          "fus_widget_full_svd_sign_rel": 0.3}
 
 
 def test_record_refuses_failed_or_foreign_runs(tmp_path: Path) -> None:

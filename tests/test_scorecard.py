@@ -112,6 +112,31 @@ def test_unknown_scale_is_refused() -> None:
         sc.claim_status(_claim(), [sc.Scale("huge", {"m": 1.0})])
 
 
+def test_record_cell_says_run_time_over_all_starts_and_trend_in_words(tmp_path: Path, monkeypatch) -> None:
+    import scorecard_page as page
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    one = {"chapter": "06_mlp_fusion", "profile": "record", "recorded": "2026-11-29", "commit": "abc1234",
+           "seconds": 600.0, "machine": {"cpu": "cpu", "threads": 1}, "values": {"m": 1.0}}
+    (runs / "06_mlp_fusion.record.json").write_text(json.dumps({**one, "earlier_starts_seconds": [1200.0, 1800.0]}))
+    (runs / "07_ffn_replacements.record.json").write_text(json.dumps({**one, "chapter": "07_ffn_replacements"}))
+    import nnk_book.records as records
+    monkeypatch.setattr(records, "RUNS", runs)
+    monkeypatch.setattr(records, "code_hash", lambda path: "h")
+    monkeypatch.setattr(records, "_code_hash_at", lambda commit, chapter: "h")
+    resumed, single = (page.scales_for(c, None)[0] for c in ("06_mlp_fusion", "07_ffn_replacements"))
+    assert (resumed.seconds, resumed.starts, single.seconds, single.starts) == (3600.0, 3, 600.0, 1)
+    claim = _claim()
+    for scale, text in ((resumed, "60 min in 3 starts"), (single, "10 min")):
+        r = sc.claim_status(claim, [sc.Scale("teaching", {"m": 1.0}), scale])
+        cell = page._record_cell(r)
+        assert cell.endswith(text) and "starts" not in cell.replace(text, ""), cell
+        status = page._status_cell(r, [], {})
+        assert "unchanged the paper" not in status and ("teaching → record: unchanged" in status
+                                                        or "the paper" in status), status
+
+
 def test_ratio_or_difference() -> None:
     assert sc.ratio_to_paper(3.0, _claim()) == ("ratio", 1.5)
     assert sc.ratio_to_paper(0.1, _claim(paper_value=0.0, tolerance={"absolute": 1})) == ("difference", 0.1)

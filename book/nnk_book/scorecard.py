@@ -38,8 +38,9 @@ REQUIRED = ("id", "paper", "where", "statement", "paper_value", "setting", "chap
 @dataclass
 class Scale:
     """Measured values at one scale: ``name`` (one of :data:`SCALES`), the glued values,
-    and where they come from (``date``, ``commit``, ``machine``, ``seconds``, ``current``:
-    whether the chapter's code is unchanged since; a stale record is shown, not counted)."""
+    and where they come from (``date``, ``commit``, ``machine``, ``seconds``: wall time over
+    all ``starts`` of a resumed run, ``current``: whether the chapter's code is unchanged
+    since; a stale record is shown, not counted)."""
 
     name: str
     values: Mapping[str, Any]
@@ -47,6 +48,7 @@ class Scale:
     commit: str | None = None
     machine: str | None = None
     seconds: float | None = None
+    starts: int = 1
     current: bool | None = True
     parameters: Mapping[str, Any] = field(default_factory=dict)
 

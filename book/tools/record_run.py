@@ -9,11 +9,10 @@ repeat on every book build. This script reads the values the executed notebook g
 (``myst_nb.glue``), the parameters papermill injected and the run time, adds the date,
 the commit, the machine and a free-text note, and writes them to
 ``book/runs/<chapter>.<profile>.json`` (atomically: a failed write leaves the previous
-record intact). Each chapter reads its file (when present) in its
-section "At paper scale" and prints the recorded numbers beside its own run's;
+record intact). The page "Reproduction scorecard" shows each chapter's largest current record
+(chapters 2 and 3 also print theirs beside their own run's, in their section "At paper scale");
 ``tests/test_runs.py`` checks the recorded numbers against the claims in
-``tests/expected/<chapter>.yaml`` (section ``<profile>_checks``), and the page
-"Reproduction scorecard" shows them against the papers' claims (``book/claims.yaml``).
+``tests/expected/<chapter>.yaml`` (section ``<profile>_checks``).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,13 +75,39 @@ def executed_code_hash(nb: Any) -> str:
     return hash_cells(source)
 
 
+#: what :func:`nnk_book.records.show_recorded_run` glues about the record itself
+_RECORD_META = ("recorded", "minutes", "threads", "current")
+_COPY = re.compile(r"^(?P<prefix>[a-z0-9]+)_full_(?P<rest>.+)$")
+
+
+def results_of_this_run(glued: dict[str, Any]) -> dict[str, Any]:
+    """The glued values minus the copies of an earlier record.
+
+    A chapter's section "At paper scale" (:func:`nnk_book.records.show_recorded_run`) glues the
+    record it read as ``<prefix>_full_<name>`` beside this run's ``<prefix>_<name>``, plus
+    ``<prefix>_full_recorded|minutes|threads|current``: those are not results of this run. Any
+    other name that contains ``_full_`` (chapter 6's ``fus_full_width_max_err``) is a result.
+    """
+    def copied(name: str) -> bool:
+        m = _COPY.match(name)
+        return bool(m) and (m["rest"] in _RECORD_META or f"{m['prefix']}_{m['rest']}" in glued)
+
+    return {name: v for name, v in glued.items() if not copied(name)}
+
+
 def record(
-    executed: Path, profile: str, note: str, threads: int | None, out_dir: Path = RUNS, commit: str | None = None
+    executed: Path, profile: str, note: str, threads: int | None, out_dir: Path = RUNS, commit: str | None = None,
+    earlier_seconds: list[float] | None = None,
 ) -> Path:
     """Write ``<out_dir>/<chapter>.<profile>.json`` from an executed notebook; return its path.
 
     ``commit``: the commit whose chapter code was executed (default: the current HEAD).
+    ``earlier_seconds``: wall times of the earlier starts of a run resumed from the result
+    store (``seconds`` is this start's; the scorecard shows the sum and the number of starts).
     """
+    earlier = [float(x) for x in (earlier_seconds or [])]
+    if any(not math.isfinite(x) or x <= 0 for x in earlier):
+        raise ValueError(f"earlier_seconds must be positive numbers of seconds, got {earlier_seconds}")
     nb = nbformat.read(str(executed), as_version=4)
     meta = nb.metadata.get("papermill", {})
     chapter = Path(meta.get("input_path") or executed).stem
@@ -94,9 +120,7 @@ def record(
         summary = Path(executed).parent / "summary.json"
         if summary.exists():
             threads = next((r.get("threads") for r in json.loads(summary.read_text()) if r.get("chapter") == chapter), None)
-    # The chapter's section "At paper scale" glues the values of the record it read under
-    # <prefix>_full_<name>; they are not results of this run, so they are left out.
-    values = {name: v for name, v in read_glued(executed).items() if "_full_" not in name}
+    values = results_of_this_run(read_glued(executed))
     if not values:
         raise ValueError(f"{executed} has no glued values; was it executed?")
     if threads is None:
@@ -109,6 +133,7 @@ def record(
         "recorded": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
         "executed_start": meta.get("start_time"),
         "seconds": round(float(duration), 1) if duration is not None else None,
+        **({"earlier_starts_seconds": [round(x, 1) for x in earlier]} if earlier else {}),
         "commit": commit or _git("rev-parse", "--short", "HEAD"),
         # The chapter's code cells as recorded: nnk_book.recorded_run tells a chapter
         # whether its experiments changed since (the record is then stale).
@@ -136,8 +161,14 @@ def main(argv: list[str] | None = None) -> int:
                              "else OMP_NUM_THREADS)")
     parser.add_argument("--commit", default=None,
                         help="commit whose chapter code was executed, when not the current HEAD")
+    parser.add_argument("--earlier-seconds", type=float, nargs="+", default=None, metavar="S",
+                        help="wall times (s) of the earlier starts of a run resumed from the result store")
     args = parser.parse_args(argv)
-    path = record(args.executed, args.profile, args.note, args.threads, commit=args.commit)
+    try:
+        path = record(args.executed, args.profile, args.note, args.threads, commit=args.commit,
+                      earlier_seconds=args.earlier_seconds)
+    except ValueError as err:
+        parser.error(str(err))
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

@@ -58,10 +58,13 @@ def scales_for(chapter: str, teaching: Mapping[str, Any] | None) -> list[sc.Scal
         if data is None:
             continue
         machine = data.get("machine", {})
+        earlier = data.get("earlier_starts_seconds", [])  # a run resumed from the result store
+        seconds = None if data.get("seconds") is None else data["seconds"] + sum(earlier)
         scales.append(sc.Scale(
             profile, data.get("values", {}), date=data.get("recorded"), commit=data.get("commit"),
             machine=f"{machine.get('cpu', '?')}, {machine.get('threads', '?')} thread(s)",
-            seconds=data.get("seconds"), current=data.get("current"), parameters=data.get("parameters", {})))
+            seconds=seconds, starts=1 + len(earlier), current=data.get("current"),
+            parameters=data.get("parameters", {})))
     return scales
 
 
@@ -109,7 +112,7 @@ def _record_cell(result: sc.ClaimResult) -> str:
     m = records[-1]
     s = m.scale
     state = "" if s.current else " **stale**: the chapter changed since"
-    minutes = f", {s.seconds / 60:.0f} min" if s.seconds else ""
+    minutes = f", {s.seconds / 60:.0f} min" + (f" in {s.starts} starts" if s.starts > 1 else "") if s.seconds else ""
     return (f"{_ours(m, s.values, result.claim)} — `{s.name}` run of {s.date}, commit {s.commit}, "
             f"{s.machine}{minutes}{state}")
 
@@ -122,7 +125,7 @@ def _status_cell(result: sc.ClaimResult, chapters: Sequence[str], labels: Mappin
     if result.decided_by and result.decided_by != "teaching":
         text += f" (at `{result.decided_by}` scale)"
     if result.trend:
-        text += f"; teaching → record: {result.trend} the paper"
+        text += f"; teaching → record: {result.trend}" + ("" if result.trend == "unchanged" else " the paper")
     return text
 
 
