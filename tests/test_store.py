@@ -341,6 +341,27 @@ def test_configurations_on_the_cluster_match_the_local_run(cluster, tmp_path) ->
     assert st.ResultStore(tmp_path / "remote").count("c") == 5
 
 
+def test_a_function_that_cannot_be_sent_is_computed_here_and_says_why(cluster, tmp_path) -> None:
+    """Chapter 2's adapter sweep read a global model holding a ContextVar: Dask could not pickle
+    the task and the record run died in that cell. Now the sweep computes such a function in
+    the chapter's own process and names the global that stopped it."""
+    import contextvars
+
+    from distributed import Client
+
+    ns = {"__name__": "__main__", "MODEL": contextvars.ContextVar("model")}  # as a notebook defines it
+    exec("def run(config):\n    assert MODEL is not None\n    return [n * config['x'] for n in range(3)]", ns)
+    configs = [{"x": x} for x in range(4)]
+    lines: list[str] = []
+    with Client(cluster) as client:
+        got = st.sweep(ns["run"], configs, name="c", store=tmp_path / "s", client=client, progress=lines.append)
+        assert client.status == "running"  # a client the caller passed is left open
+    assert got == [[0, x, 2 * x] for x in range(4)]
+    assert "to compute here: fn cannot be sent to the cluster" in lines[0] and "MODEL" in lines[0], lines[0]
+    assert st.ResultStore(tmp_path / "s").count("c") == 4
+    assert st._unpicklable(_square) is None
+
+
 def test_a_worker_killed_mid_task_does_not_lose_its_configuration(cluster, tmp_path) -> None:
     from distributed import Client
 

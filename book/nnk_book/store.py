@@ -273,6 +273,12 @@ def sweep(
     own_client = client is None
     client = _client_from_env() if client is None else client
     where = "here" if client is None else f"on the cluster at {_address(client)}"
+    why = _unpicklable(fn) if client is not None and todo else None
+    if why:  # e.g. a notebook function that reads a global model holding a ContextVar
+        where = f"here: fn cannot be sent to the cluster ({why})"
+        if own_client:
+            client.close()
+        client, own_client = None, False
     say(f"[{name}] {len(configs)} configurations: {stored} stored, {len(todo)} to compute {where}"
         + (f" (store: {store.root})" if todo else ""))
     done = 0
@@ -308,6 +314,39 @@ def sweep(
         if own_client and client is not None:
             client.close()
     return results
+
+
+def _global_names(code: Any) -> set[str]:
+    """The global names a code object (and the functions, lambdas and comprehensions inside it) reads."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _global_names(const)
+    return names
+
+
+def _unpicklable(fn: Callable[[Any], Any]) -> str | None:
+    """Why ``fn`` cannot be sent to a Dask worker, or ``None`` when it can.
+
+    Dask pickles a task's function with cloudpickle: a function defined in a notebook goes by
+    value, with every global it reads. One unpicklable global (a loaded model holding a
+    ``ContextVar``, a lock, an open file) makes the whole submission fail; the reason names it.
+    """
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(fn)
+        return None
+    except Exception as err:  # noqa: BLE001 - any failure to pickle means: compute here
+        code, env = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+        bad = []
+        for n in sorted(_global_names(code)) if code is not None else []:
+            if n in env:
+                try:
+                    cloudpickle.dumps(env[n])
+                except Exception:  # noqa: BLE001
+                    bad.append(n)
+        return f"{type(err).__name__}: {str(err)[:200]}" + (f"; global(s) {', '.join(bad)}" if bad else "")
 
 
 def _address(client: Any) -> str:
