@@ -20,7 +20,7 @@ import nbformat
 import pytest
 import yaml
 
-from record_run import record, results_of_this_run
+from record_run import RECORD_META, record, results_of_this_run
 from test_chapters import check_value, load_expected
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,6 +168,17 @@ def test_only_copies_of_an_earlier_record_are_left_out() -> None:
              "fus_full_width_max_err": 1e-6, "fus_widget_full_svd_sign_rel": 0.3}
     assert results_of_this_run(glued) == {"rf_x": 1.0, "fus_full_width_max_err": 1e-6,
                                           "fus_widget_full_svd_sign_rel": 0.3}
+
+
+def test_what_show_recorded_run_glues_is_left_out() -> None:
+    # the two ends of one convention: every name the chapter's "At paper scale" section glues about an
+    # earlier record is dropped when that chapter's run is recorded, and its own results are kept
+    from nnk_book import Recorder, show_recorded_run
+
+    glued = Recorder(glue=False)
+    show_recorded_run("03_bundling", "bnd", [("x", "bnd_reg_splits", "{}")], {"bnd_reg_splits": 3}, glued)
+    assert set(glued.results) == {"bnd_full_reg_splits", *(f"bnd_full_{m}" for m in RECORD_META)}
+    assert results_of_this_run({**glued.results, "bnd_reg_splits": 3}) == {"bnd_reg_splits": 3}
 
 
 def test_record_refuses_failed_or_foreign_runs(tmp_path: Path) -> None:

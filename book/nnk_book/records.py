@@ -135,6 +135,10 @@ def paper_scale_rows(rows: Sequence[tuple[str, str, str]], this_run: dict[str, A
             for label, key, spec in rows]
 
 
+#: what :func:`show_recorded_run` glues about the record itself, as ``<prefix>_full_<name>``
+RECORD_META = ("recorded", "minutes", "threads", "current")
+
+
 def show_recorded_run(chapter: str, prefix: str, rows: Sequence[tuple[str, str, str]],
                       this_run: dict[str, Any], record: Any, profile: str = "full") -> dict[str, Any] | None:
     """Show a chapter's recorded paper-scale run beside this run, and glue its values.
@@ -172,8 +176,10 @@ def show_recorded_run(chapter: str, prefix: str, rows: Sequence[tuple[str, str, 
                            paper_scale_rows(rows, this_run, data)))
     for _, key, _ in rows:
         record(f"{prefix}_full_{key[len(prefix) + 1:]}", values.get(key, "n/a"))
-    record(f"{prefix}_full_recorded", data["recorded"] if data else "n/a")
-    record(f"{prefix}_full_minutes", data["seconds"] / 60 if data else "n/a")
-    record(f"{prefix}_full_threads", data.get("machine", {}).get("threads", "n/a") if data else "n/a")
-    record(f"{prefix}_full_current", bool(data and data["current"]))
+    meta = {"recorded": data["recorded"] if data else "n/a",
+            "minutes": data["seconds"] / 60 if data else "n/a",
+            "threads": data.get("machine", {}).get("threads", "n/a") if data else "n/a",
+            "current": bool(data and data["current"])}
+    for name in RECORD_META:
+        record(f"{prefix}_full_{name}", meta[name])
     return data

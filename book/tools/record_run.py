@@ -31,7 +31,7 @@ from typing import Any
 
 import nbformat
 
-from nnk_book.records import hash_cells
+from nnk_book.records import RECORD_META, hash_cells
 from nnk_book.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,6 @@ def executed_code_hash(nb: Any) -> str:
 
 
 #: what :func:`nnk_book.records.show_recorded_run` glues about the record itself
-_RECORD_META = ("recorded", "minutes", "threads", "current")
 _COPY = re.compile(r"^(?P<prefix>[a-z0-9]+)_full_(?P<rest>.+)$")
 
 
@@ -90,7 +89,7 @@ def results_of_this_run(glued: dict[str, Any]) -> dict[str, Any]:
     """
     def copied(name: str) -> bool:
         m = _COPY.match(name)
-        return bool(m) and (m["rest"] in _RECORD_META or f"{m['prefix']}_{m['rest']}" in glued)
+        return bool(m) and (m["rest"] in RECORD_META or f"{m['prefix']}_{m['rest']}" in glued)
 
     return {name: v for name, v in glued.items() if not copied(name)}
 
