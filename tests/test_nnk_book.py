@@ -281,6 +281,12 @@ def test_mean_interval_matches_scipy_and_separation_rules() -> None:
     assert nnk_book.intervals_separate([1.0, 1.1, 0.9], [2.0, 2.1, 1.9])
 
 
+def test_run_seconds_adds_the_earlier_starts() -> None:
+    assert nnk_book.records.run_seconds({"seconds": 100.0}) == 100.0
+    assert nnk_book.records.run_seconds({"seconds": 100.0, "earlier_starts_seconds": [50.0, 25.5]}) == 175.5
+    assert nnk_book.records.run_seconds({"seconds": None}) is None
+
+
 def test_show_recorded_run_glues_the_record(capsys, monkeypatch, tmp_path) -> None:
     record = Recorder(glue=False)
     data = nnk_book.show_recorded_run("03_bundling", "bnd", [("x", "bnd_reg_splits", "{}")], {"bnd_reg_splits": 3},
@@ -288,6 +294,7 @@ def test_show_recorded_run_glues_the_record(capsys, monkeypatch, tmp_path) -> No
     assert data is not None
     assert record.results["bnd_full_reg_splits"] == data["values"]["bnd_reg_splits"]
     assert record.results["bnd_full_current"] in (True, False)
+    assert record.results["bnd_full_minutes"] == nnk_book.records.run_seconds(data) / 60
     assert "recorded" in capsys.readouterr().out
     missing = Recorder(glue=False)
     monkeypatch.setattr(nnk_book.records, "RUNS", tmp_path)  # a chapter with no record at all

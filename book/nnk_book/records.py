@@ -12,7 +12,7 @@ import hashlib
 import json
 import subprocess
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH_RESULTS = ROOT / "benchmarks" / "results"
@@ -115,6 +115,14 @@ def recorded_run(chapter: str, profile: str = "full") -> dict[str, Any] | None:
 RECORD_PROFILES = ("paper", "record", "full")
 
 
+def run_seconds(data: Mapping[str, Any]) -> float | None:
+    """A record's wall time over all its starts: a run resumed from the result store keeps the
+    wall times of its earlier starts in ``earlier_starts_seconds``."""
+    if data.get("seconds") is None:
+        return None
+    return data["seconds"] + sum(data.get("earlier_starts_seconds", []))
+
+
 def largest_recorded_run(chapter: str) -> dict[str, Any] | None:
     """The chapter's record at the largest scale that has one, preferring a current record
     (:func:`recorded_run`); ``None`` when the chapter has no record."""
@@ -145,8 +153,9 @@ def show_recorded_run(chapter: str, prefix: str, rows: Sequence[tuple[str, str, 
 
     Prints where the record comes from (date, commit, minutes, threads, note, and whether
     the chapter's code changed since), displays a table ``what | this run | recorded run``
-    for ``rows`` of ``(what, glued name, format)``, and records each recorded value as
-    ``<prefix>_full_<name without prefix>`` ("n/a" when there is no record) plus
+    for ``rows`` of ``(what, glued name, format)``, and records every recorded value of the
+    chapter as ``<prefix>_full_<name without prefix>`` (each row's "n/a" when the record lacks it)
+    plus
     ``<prefix>_full_recorded``, ``_minutes``, ``_threads`` and ``_current`` for the
     prose. ``record`` is the chapter's :class:`~nnk_book.Recorder`. Returns the record.
     With ``profile="full"`` (the chapters' default) the largest recorded scale is shown
@@ -169,15 +178,19 @@ def show_recorded_run(chapter: str, prefix: str, rows: Sequence[tuple[str, str, 
                  False: "the chapter's code changed since (re-record with make record to be sure "
                         "the numbers are current)",
                  None: "whether the chapter changed since cannot be told"}[data["current"]]
-        print(f"recorded {data['recorded']} at commit {data['commit']}: {data['seconds'] / 60:.0f} min on "
+        starts = 1 + len(data.get("earlier_starts_seconds", []))
+        print(f"recorded {data['recorded']} at commit {data['commit']}: {run_seconds(data) / 60:.0f} min"
+              f"{f' in {starts} starts' if starts > 1 else ''} on "
               f"{machine.get('cpu', '?')} with {machine.get('threads', '?')} thread(s); {state}. "
               f"Note: {data.get('note') or 'none'}")
         display(html_table(["result", "this run", f"recorded {profile} run"],
                            paper_scale_rows(rows, this_run, data)))
-    for _, key, _ in rows:
-        record(f"{prefix}_full_{key[len(prefix) + 1:]}", values.get(key, "n/a"))
+    copies = {key: values[key] for key in values if key.startswith(f"{prefix}_")}
+    copies.update({key: values.get(key, "n/a") for _, key, _ in rows})
+    for key, value in copies.items():
+        record(f"{prefix}_full_{key[len(prefix) + 1:]}", value)
     meta = {"recorded": data["recorded"] if data else "n/a",
-            "minutes": data["seconds"] / 60 if data else "n/a",
+            "minutes": run_seconds(data) / 60 if data else "n/a",
             "threads": data.get("machine", {}).get("threads", "n/a") if data else "n/a",
             "current": bool(data and data["current"])}
     for name in RECORD_META:

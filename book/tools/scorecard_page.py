@@ -27,7 +27,7 @@ from glued import read_glued  # noqa: E402
 
 from nnk_book import scorecard as sc  # noqa: E402
 from nnk_book.files import atomic_write_text  # noqa: E402
-from nnk_book.records import recorded_run  # noqa: E402
+from nnk_book.records import recorded_run, run_seconds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "book" / "profiles.yaml"
@@ -59,11 +59,10 @@ def scales_for(chapter: str, teaching: Mapping[str, Any] | None) -> list[sc.Scal
             continue
         machine = data.get("machine", {})
         earlier = data.get("earlier_starts_seconds", [])  # a run resumed from the result store
-        seconds = None if data.get("seconds") is None else data["seconds"] + sum(earlier)
         scales.append(sc.Scale(
             profile, data.get("values", {}), date=data.get("recorded"), commit=data.get("commit"),
             machine=f"{machine.get('cpu', '?')}, {machine.get('threads', '?')} thread(s)",
-            seconds=seconds, starts=1 + len(earlier), current=data.get("current"),
+            seconds=run_seconds(data), starts=1 + len(earlier), current=data.get("current"),
             parameters=data.get("parameters", {})))
     return scales
 
@@ -196,7 +195,8 @@ def scorecard_markdown(data: Mapping[str, Any], results: Sequence[sc.ClaimResult
            "reproducing it (written down in `book/claims.yaml` before the runs), and what the book measured. "
            "Nothing on this page is typed in: the values are the ones the chapters glued in the run that "
            "rendered this book (teaching scale, the `ci` profile) and in the recorded runs of `book/runs/` "
-           "(`record`: the largest settings that finish in about 90 minutes on a 2-core CPU; `paper`: the "
+           "(`record`: larger settings, sized for about 90 minutes on a 2-core CPU, each record with its measured "
+           "run time; `paper`: the "
            "papers' own settings; `full`: the older paper-scale profile these replaced), and each status is "
            "computed from them by `nnk_book.scorecard`.", "",
            "A claim met at teaching scale is *reproduced at smaller scale*; it is *reproduced* when it does "
