@@ -285,6 +285,8 @@ def test_run_seconds_adds_the_earlier_starts() -> None:
     assert nnk_book.records.run_seconds({"seconds": 100.0}) == 100.0
     assert nnk_book.records.run_seconds({"seconds": 100.0, "earlier_starts_seconds": [50.0, 25.5]}) == 175.5
     assert nnk_book.records.run_seconds({"seconds": None}) is None
+    assert nnk_book.records.run_starts({"seconds": 1.0}) == 1
+    assert nnk_book.records.run_starts({"seconds": 1.0, "earlier_starts_seconds": [50.0, 25.5]}) == 3
 
 
 def test_show_recorded_run_glues_the_record(capsys, monkeypatch, tmp_path) -> None:

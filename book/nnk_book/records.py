@@ -123,6 +123,11 @@ def run_seconds(data: Mapping[str, Any]) -> float | None:
     return data["seconds"] + sum(data.get("earlier_starts_seconds", []))
 
 
+def run_starts(data: Mapping[str, Any]) -> int:
+    """How many starts a record's run took (see :func:`run_seconds`)."""
+    return 1 + len(data.get("earlier_starts_seconds", []))
+
+
 def largest_recorded_run(chapter: str) -> dict[str, Any] | None:
     """The chapter's record at the largest scale that has one, preferring a current record
     (:func:`recorded_run`); ``None`` when the chapter has no record."""
@@ -178,7 +183,7 @@ def show_recorded_run(chapter: str, prefix: str, rows: Sequence[tuple[str, str, 
                  False: "the chapter's code changed since (re-record with make record to be sure "
                         "the numbers are current)",
                  None: "whether the chapter changed since cannot be told"}[data["current"]]
-        starts = 1 + len(data.get("earlier_starts_seconds", []))
+        starts = run_starts(data)
         print(f"recorded {data['recorded']} at commit {data['commit']}: {run_seconds(data) / 60:.0f} min"
               f"{f' in {starts} starts' if starts > 1 else ''} on "
               f"{machine.get('cpu', '?')} with {machine.get('threads', '?')} thread(s); {state}. "

@@ -75,7 +75,7 @@ def executed_code_hash(nb: Any) -> str:
     return hash_cells(source)
 
 
-#: what :func:`nnk_book.records.show_recorded_run` glues about the record itself
+#: a name :func:`nnk_book.records.show_recorded_run` may have glued from an earlier record
 _COPY = re.compile(r"^(?P<prefix>[a-z0-9]+)_full_(?P<rest>.+)$")
 
 

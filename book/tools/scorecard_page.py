@@ -27,7 +27,7 @@ from glued import read_glued  # noqa: E402
 
 from nnk_book import scorecard as sc  # noqa: E402
 from nnk_book.files import atomic_write_text  # noqa: E402
-from nnk_book.records import recorded_run, run_seconds  # noqa: E402
+from nnk_book.records import recorded_run, run_seconds, run_starts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "book" / "profiles.yaml"
@@ -58,11 +58,10 @@ def scales_for(chapter: str, teaching: Mapping[str, Any] | None) -> list[sc.Scal
         if data is None:
             continue
         machine = data.get("machine", {})
-        earlier = data.get("earlier_starts_seconds", [])  # a run resumed from the result store
         scales.append(sc.Scale(
             profile, data.get("values", {}), date=data.get("recorded"), commit=data.get("commit"),
             machine=f"{machine.get('cpu', '?')}, {machine.get('threads', '?')} thread(s)",
-            seconds=run_seconds(data), starts=1 + len(earlier), current=data.get("current"),
+            seconds=run_seconds(data), starts=run_starts(data), current=data.get("current"),
             parameters=data.get("parameters", {})))
     return scales
 
