@@ -191,3 +191,66 @@ def test_every_widget_responds_without_a_kernel(book_html: Path, executed_chapte
                     f"{chapter}: explorer {e}: the figure did not come back with the {kind}")
     assert moved >= 2
     assert not log.problems(), f"{chapter}: " + "; ".join(log.problems()[:8])
+
+
+SCORECARD_STATE = r"""() => {
+  const rows = [...document.querySelectorAll('tbody.nnk-claim')];
+  return {
+    visible: rows.filter(r => !r.hidden).map(r => [r.id, r.dataset.status, r.dataset.disagree === '1']),
+    total: rows.length,
+    wide: [...document.querySelectorAll('table.nnk-scorecard, .nnk-scorecard-wrap')]
+      .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1).length,
+    buttons: [...document.querySelectorAll('button.nnk-filter')].map(b => [b.dataset.filter, b.textContent]),
+  };
+}"""
+
+
+def test_scorecard_links_lead_to_their_sections(book_html: Path) -> None:
+    """Every link of the scorecard's claims table leads to a page of the book and an id on it."""
+    import html as html_lib
+    from urllib.parse import urldefrag
+
+    page = book_html / "book" / "scorecard.html"
+    text = page.read_text()
+    links = set(re.findall(r'<a class="reference internal" href="([^"]+)"', text.split('nnk-filter-bar', 1)[-1]))
+    assert links, "the scorecard's claims table has no links"
+    missing = []
+    for href in sorted(links):
+        target, fragment = urldefrag(html_lib.unescape(href))
+        path = (page.parent / target).resolve() if target else page
+        if not path.exists() or (fragment and f'id="{fragment}"' not in path.read_text()):
+            missing.append(href)
+    assert not missing, f"scorecard links that lead nowhere: {missing}"
+
+
+@needs_chromium
+def test_scorecard_filters_show_each_status(book_html: Path) -> None:
+    """Each status button shows exactly the claims of its status (as many as it says), "all"
+    shows every claim, a link to one claim opens it, and the table never scrolls sideways
+    at the book's column width."""
+    with serve(book_html) as url, browser_page() as (tab, log):
+        load(tab, f"{url}/book/scorecard.html")
+        state = tab.evaluate(SCORECARD_STATE)
+        total = state["total"]
+        assert total and len(state["visible"]) == total and state["wide"] == 0
+        assert len(state["buttons"]) >= 2
+        for name, label in state["buttons"]:
+            tab.locator(f'button.nnk-filter[data-filter="{name}"]').first.click()
+            tab.wait_for_timeout(100)
+            now = tab.evaluate(SCORECARD_STATE)
+            shown = now["visible"]
+            count = int(re.search(r"\((\d+)\)", label).group(1))
+            assert len(shown) == count, f"filter {name!r}: {len(shown)} claims shown, the button says {count}"
+            if name == "all":
+                assert len(shown) == total
+            elif name == "disagree":
+                assert all(d for _, _, d in shown)
+            else:
+                assert all(s == name for _, s, _ in shown), f"filter {name!r} shows other statuses"
+            assert now["wide"] == 0, f"filter {name!r}: the table scrolls sideways"
+        first = state["visible"][0][0]
+        tab.locator('button.nnk-filter[data-filter="all"]').first.click()
+        tab.goto(f"{url}/book/scorecard.html#{first}", wait_until="networkidle")
+        tab.wait_for_timeout(300)
+        assert tab.locator(f"#{first} details").first.evaluate("d => d.open"), "a link to a claim does not open it"
+    assert not log.problems(), "; ".join(log.problems()[:8])

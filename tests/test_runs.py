@@ -80,19 +80,35 @@ def test_record_is_well_formed(path: Path) -> None:
     assert not stale, f"{path.name} holds results the chapter no longer records: {stale}"
 
 
+#: the keys of a ``<profile>_checks`` section that are not checks
+META = ("inherit", "scale_specific", "failed")
+
+
+def _criteria(spec: dict | None) -> dict:
+    """A check without its sentence: what it asserts (the sentence may be edited later)."""
+    return {k: v for k, v in (spec or {}).items() if k != "claim"}
+
+
 def profile_checks(expected: dict, profile: str) -> dict:
-    """The checks a record of ``profile`` must meet: its section ``<profile>_checks``, and, when
-    that section says ``inherit: checks``, every teaching-scale check too (a claim of the chapter
-    must still hold at the larger scale; the section's own entries override same-named ones)."""
+    """The predictions a record of ``profile`` is checked against: its section ``<profile>_checks``,
+    and, when that section says ``inherit: checks``, every teaching-scale check too, except those
+    listed under ``scale_specific`` (a teaching-scale number: a count, FLOP arithmetic of a size).
+    The section's own entries override same-named checks; ``failed`` lists the predictions the
+    record did not meet, with what it found instead."""
     section = dict(expected.get(f"{profile}_checks") or {})
-    inherit = section.pop("inherit", None)
+    inherit = section.get("inherit")
     if inherit not in (None, "checks"):
         raise ValueError(f"{profile}_checks: inherit must be 'checks', got {inherit!r}")
-    return {**(expected.get("checks", {}) if inherit else {}), **section}
+    skip = section.get("scale_specific") or {}
+    own = {k: v for k, v in section.items() if k not in META}
+    base = {k: v for k, v in (expected.get("checks", {}) if inherit else {}).items() if k not in skip}
+    return {**base, **own}
 
 
 def test_profile_checks_inherit_the_teaching_checks() -> None:
-    expected = {"checks": {"a": {"min": 0}, "b": {"max": 1}}, "record_checks": {"inherit": "checks", "b": {"max": 2}}}
+    expected = {"checks": {"a": {"min": 0}, "b": {"max": 1}, "c": {"equals": 3}},
+                "record_checks": {"inherit": "checks", "b": {"max": 2}, "scale_specific": {"c": "a count"},
+                                  "failed": {"a": "found -1"}}}
     assert profile_checks(expected, "record") == {"a": {"min": 0}, "b": {"max": 2}}
     assert profile_checks({"checks": {"a": {}}, "record_checks": {"c": {}}}, "record") == {"c": {}}
     assert profile_checks({"checks": {"a": {}}}, "paper") == {}
@@ -100,19 +116,115 @@ def test_profile_checks_inherit_the_teaching_checks() -> None:
         profile_checks({"record_checks": {"inherit": "everything"}}, "record")
 
 
-@pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
-def test_record_meets_the_claims_for_its_profile(path: Path) -> None:
-    data = json.loads(path.read_text())
-    checks = profile_checks(load_expected(data["chapter"]), data["profile"])
-    assert checks, f"tests/expected/{data['chapter']}.yaml has no {data['profile']}_checks for this record"
-    values = data["values"]
-    failures = []
+def prediction_outcomes(checks: dict, values: dict) -> tuple[dict[str, list[str]], list[str]]:
+    """``({name: failures}, vacuous)``: the predictions the record does not meet (a missing value
+    counts), and those whose ``when:`` condition the record does not satisfy (they predict
+    nothing about it)."""
+    failures, vacuous = {}, []
     for name, spec in checks.items():
-        if name not in values:
-            failures.append(f"{name}: not in the record")
+        if spec.get("when") and not all(values.get(k) == v for k, v in spec["when"].items()):
+            vacuous.append(name)
             continue
-        failures += [f"{e} -- claim: {spec.get('claim', '')}" for e in check_value(name, values[name], spec, values)]
-    assert not failures, "\n".join(failures)
+        errors = [f"{name}: not in the record"] if name not in values else check_value(name, values[name], spec, values)
+        if errors:
+            failures[name] = errors
+    return failures, vacuous
+
+
+def test_prediction_outcomes_can_fail() -> None:
+    checks = {"a": {"min": 0}, "b": {"equals": "tied"}, "c": {"when": {"flag": True}, "max": 1}, "d": {"max": 1}}
+    failures, vacuous = prediction_outcomes(checks, {"a": -1.0, "b": "tied", "c": 5, "flag": False})
+    assert set(failures) == {"a", "d"} and vacuous == ["c"]
+    failures, vacuous = prediction_outcomes(checks, {"a": 1.0, "b": "ahead", "c": 5, "d": 0, "flag": True})
+    assert set(failures) == {"b", "c"} and vacuous == []
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
+def test_record_predictions_hold_or_are_listed_as_failed(path: Path) -> None:
+    """Each prediction either holds on the record or is listed under ``failed`` with what the
+    record found; a prediction listed as failed that holds, or a failure not listed, fails here,
+    and so does a prediction whose ``when:`` never applies to the record (a vacuous entry)."""
+    data = json.loads(path.read_text())
+    expected = load_expected(data["chapter"])
+    section = expected.get(f"{data['profile']}_checks") or {}
+    checks = profile_checks(expected, data["profile"])
+    assert checks, f"tests/expected/{data['chapter']}.yaml has no {data['profile']}_checks for this record"
+    failures, vacuous = prediction_outcomes(checks, data["values"])
+    listed = section.get("failed") or {}
+    problems = [f"{e} -- claim: {checks[n].get('claim', '')}" for n in sorted(set(failures) - set(listed))
+                for e in failures[n]]
+    problems += [f"{n}: listed as failed, but the record meets it" for n in sorted(set(listed) - set(failures))]
+    problems += [f"{n}: its when: {checks[n]['when']} does not apply to the record (a vacuous prediction: "
+                 "list it under scale_specific with the reason)" for n in vacuous]
+    problems += [f"{n}: failed needs the record's finding in words" for n, text in listed.items()
+                 if not (isinstance(text, str) and text.strip())]
+    skip = section.get("scale_specific") or {}
+    problems += [f"{n}: scale_specific names no teaching check" for n in skip if n not in expected.get("checks", {})]
+    problems += [f"{n}: scale_specific needs its reason" for n, why in skip.items()
+                 if not (isinstance(why, str) and why.strip())]
+    assert not problems, "\n".join(problems)
+
+
+def expected_at(commit: str, chapter: str) -> dict | None:
+    """``tests/expected/<chapter>.yaml`` as it stood at ``commit`` (``None`` when git cannot tell)."""
+    import subprocess
+
+    try:
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:tests/expected/{chapter}.yaml"],
+                              capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return yaml.safe_load(text) or {}
+
+
+def predictions_then(then: dict, profile: str) -> dict:
+    """Every check that stood in the expected file at a record's commit and could predict it: the
+    teaching checks and the profile's own section (without its meta keys)."""
+    section = {k: v for k, v in (then.get(f"{profile}_checks") or {}).items() if k not in META}
+    return {**(then.get("checks") or {}), **section}
+
+
+def late_predictions(now: dict, then: dict) -> list[str]:
+    """The predictions in ``now`` whose criteria were not in the expected file ``then`` (at the
+    record's commit): checks written or changed after the run they check."""
+    return [name for name, spec in now.items() if _criteria(spec) != _criteria(then.get(name))]
+
+
+def test_late_predictions_are_found() -> None:
+    then = {"a": {"min": 0, "claim": "x"}, "b": {"max": 1}}
+    now = {"a": {"min": 0, "claim": "x, reworded"}, "b": {"max": 2}, "c": {"equals": True}}
+    assert late_predictions(now, then) == ["b", "c"]
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
+def test_predictions_precede_their_record(path: Path) -> None:
+    """A prediction must have been written before the run it predicts: each one (criteria, not
+    wording) stands in the expected file at the record's commit, read from git."""
+    import subprocess
+
+    data = json.loads(path.read_text())
+    then = expected_at(data["commit"], data["chapter"])
+    if then is None:
+        shallow = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"],
+                                 capture_output=True, text=True).stdout.strip()
+        if shallow == "true":
+            pytest.skip(f"a shallow clone: commit {data['commit']} is not in its history")
+        pytest.fail(f"git cannot show tests/expected/{data['chapter']}.yaml at the record's commit {data['commit']}")
+    late = late_predictions(profile_checks(load_expected(data["chapter"]), data["profile"]),
+                            predictions_then(then, data["profile"]))
+    assert not late, (f"predictions written or changed after the record's commit {data['commit']} (describe "
+                      f"them under {data['profile']}_findings instead, or re-record): {late}")
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
+def test_findings_describe_recorded_values(path: Path) -> None:
+    """``<profile>_findings`` (descriptions, shown on the scorecard) name values the record holds,
+    each with its sentence."""
+    data = json.loads(path.read_text())
+    findings = load_expected(data["chapter"]).get(f"{data['profile']}_findings") or {}
+    problems = [f"{n}: not in the record" for n in findings if n not in data["values"]]
+    problems += [f"{n}: no sentence" for n, t in findings.items() if not (isinstance(t, str) and t.strip())]
+    assert not problems, problems
 
 
 # --------------------------------------------------------------------------- the recorder

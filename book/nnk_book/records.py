@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -108,6 +109,106 @@ def recorded_run(chapter: str, profile: str = "full") -> dict[str, Any] | None:
     now = code_hash(ROOT / "chapters" / f"{chapter}.ipynb")
     data["current"] = None if then is None else then == now
     return data
+
+
+# --------------------------------------------------------------------------- is a record current?
+#: relative and absolute tolerance of the fingerprint comparison: a float glued by the teaching
+#: run may move by rounding between thread counts and CPUs (chapter 6: under 1e-6 relative);
+#: anything larger is a change of the computation
+FINGERPRINT_RTOL = 1e-5
+FINGERPRINT_ATOL = 1e-9
+EXPECTED = ROOT / "tests" / "expected"
+
+
+def machine_dependent(chapter: str) -> dict[str, str]:
+    """The chapter's glued names (``fnmatch`` patterns) whose teaching value depends on the
+    machine or the moment, not on the code (wall-clock timings, speed ratios), with the reason:
+    section ``machine_dependent`` of ``tests/expected/<chapter>.yaml``. They are left out of a
+    record's fingerprint."""
+    import yaml
+
+    path = EXPECTED / f"{_check_name(chapter, 'chapter')}.yaml"
+    data = yaml.safe_load(path.read_text()) if path.exists() else {}
+    section = (data or {}).get("machine_dependent") or {}
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{path}: machine_dependent must map name patterns to reasons")
+    return dict(section)
+
+
+def _is_machine_dependent(name: str, patterns: Sequence[str]) -> bool:
+    from fnmatch import fnmatchcase
+
+    return any(fnmatchcase(name, p) for p in patterns)
+
+
+def fingerprint(values: Mapping[str, Any], patterns: Sequence[str]) -> dict[str, Any]:
+    """The teaching-scale glued values that depend only on the code and its inputs: ``values``
+    without the names matching ``patterns`` (:func:`machine_dependent`)."""
+    return {k: v for k, v in sorted(values.items()) if not _is_machine_dependent(k, patterns)}
+
+
+def _same(then: Any, now: Any) -> bool:
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if number(then) and number(now):
+        a, b = float(then), float(now)
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return a == b or abs(a - b) <= FINGERPRINT_ATOL + FINGERPRINT_RTOL * max(abs(a), abs(b))
+    return type(then) is type(now) and then == now
+
+
+def fingerprint_changes(then: Mapping[str, Any], now: Mapping[str, Any], patterns: Sequence[str] = ()) -> list[str]:
+    """What differs between a record's teaching fingerprint ``then`` and this build's teaching
+    values ``now`` (names matching ``patterns`` left out): one line per changed name. A name the
+    chapter glues only now is not a change (a new result); one it no longer glues is."""
+    changes = []
+    for name, old in then.items():
+        if _is_machine_dependent(name, patterns):
+            continue
+        if name not in now:
+            changes.append(f"{name} is no longer glued")
+        elif not _same(old, now[name]):
+            changes.append(f"{name}: {old!r} then, {now[name]!r} now")
+    return changes
+
+
+def parameter_deviations(parameters: Mapping[str, Any], profile: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{name: (run's value, profile's value)}`` for every parameter where a run departs from
+    its profile (a name missing on one side counts, as ``None``)."""
+    return {k: (parameters.get(k), profile.get(k)) for k in sorted(set(parameters) | set(profile))
+            if parameters.get(k) != profile.get(k)}
+
+
+def record_currency(data: Mapping[str, Any], teaching: Mapping[str, Any] | None,
+                    profile_parameters: Mapping[str, Any] | None,
+                    patterns: Sequence[str] = ()) -> tuple[bool | None, str | None]:
+    """Whether a record is current: its numbers would be the same if it ran today.
+
+    A record stores the teaching-scale values of the commit it ran at (``teaching_fingerprint``).
+    It stays current while this build's teaching values (``teaching``) agree with them (to
+    :data:`FINGERPRINT_RTOL`; names matching ``patterns`` left out) and its parameters are still
+    its profile's (``profile_parameters``) plus the overrides it declared (``set``). Returns
+    ``(current, why)``: ``why`` says what changed for a stale record, or why currency cannot be
+    told (``current`` ``None``: no fingerprint, or no teaching run in this build)."""
+    if profile_parameters is not None:
+        declared = dict(data.get("set") or {})
+        moved = parameter_deviations(data.get("parameters", {}), {**profile_parameters, **declared})
+        if moved:
+            return False, ("the profile's parameters changed since the run: " + "; ".join(
+                f"{k} = {run!r} in the run, {now!r} in the profile now" for k, (run, now) in moved.items()))
+    stored = data.get("teaching_fingerprint")
+    if not stored:
+        return None, "the record has no teaching fingerprint"
+    if teaching is None:
+        return None, "this build has no teaching run of the chapter to compare with"
+    changes = fingerprint_changes(stored.get("values", {}), teaching, patterns)
+    if changes:
+        shown = changes[:5] + ([f"and {len(changes) - 5} more"] if len(changes) > 5 else [])
+        return False, (f"the teaching values changed since commit {stored.get('commit', data.get('commit'))}: "
+                       + "; ".join(shown))
+    return True, None
 
 
 #: Recorded scales, largest first: ``paper`` (the papers' settings), ``record`` (the largest

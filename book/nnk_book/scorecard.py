@@ -1,11 +1,27 @@
-"""The reproduction scorecard: each paper claim's status, computed, never typed (issue 29).
+"""The reproduction scorecard: each paper claim's status, computed, never typed.
 
-``book/claims.yaml`` lists the papers' headline claims with the glued name that measures
-each one and the tolerance that counts as "reproduced", written before the run. This
+``book/claims.yaml`` lists the papers' headline claims: the paper's own words (a verbatim
+quote and its place), the glued name that measures each one, the data it is measured on,
+and the tolerance that counts as reproducing it, with the reason for its width. This
 module turns that list plus measured values (the glued values of the executed chapters at
 teaching scale, and ``book/runs/<chapter>.<profile>.json`` at the larger scales) into one
 status per claim. ``book/tools/scorecard_page.py`` writes the page from it and
 ``tests/test_scorecard.py`` checks both.
+
+The rules, in order (:func:`claim_status`):
+
+* the **largest current scale** with a usable value decides; a stale record is shown, not
+  counted;
+* where the claim names a 95 % interval, the interval decides: *met* when all of it lies
+  inside the tolerance, *not met* when none of it does, otherwise **inconclusive**;
+* met on the paper's data at a ``paper`` run without deviations (or an ``exact`` claim:
+  an identity, a count) is **reproduced**; met at a smaller scale on the paper's kind of
+  data is **reproduced at smaller scale**; met only on data that stands in for the paper's
+  data set is **met on stand-in data**;
+* not met: **differs, explained** when the claim names the chapter section whose
+  measurement explains it, else **differs, not yet explained**;
+* a claim the book does not measure (``measure: null``, with ``not_run``), or measured at
+  no scale, is **not yet run**.
 
 Pure functions on plain dicts: nothing here reads a notebook.
 """
@@ -13,34 +29,50 @@ Pure functions on plain dicts: nothing here reads a notebook.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 CLAIMS = ROOT / "book" / "claims.yaml"
+PAPERS = ROOT.parent / "shared" / "papers"
 
 REPRODUCED = "reproduced"
 SMALLER = "reproduced at smaller scale"
+STAND_IN = "met on stand-in data"
+INCONCLUSIVE = "inconclusive"
 DIFFERS = "differs, explained"
 UNEXPLAINED = "differs, not yet explained"
-NOT_RUN = "not yet run at this scale"
-STATUSES = (REPRODUCED, SMALLER, DIFFERS, UNEXPLAINED, NOT_RUN)
+NOT_RUN = "not yet run"
+STATUSES = (REPRODUCED, SMALLER, STAND_IN, INCONCLUSIVE, DIFFERS, UNEXPLAINED, NOT_RUN)
 
-#: Scales from smallest to largest. ``full`` is the profile that preceded ``record`` and
-#: ``paper`` (its records are kept readable and shown as an older scale).
-SCALES = ("teaching", "full", "record", "paper")
+#: outcomes of one measurement against the tolerance
+MET, NOT_MET = "met", "not met"
+OUTCOMES = (MET, NOT_MET, INCONCLUSIVE)
+
+#: Scales from smallest to largest: the executed chapters (``ci`` profile) and the recorded runs.
+SCALES = ("teaching", "record", "paper")
 TOLERANCE_KEYS = ({"absolute"}, {"relative"}, {"equals"}, {"min"}, {"max"}, {"min", "max"})
-REQUIRED = ("id", "paper", "where", "statement", "paper_value", "setting", "chapter", "section",
-            "measure", "tolerance")
+REQUIRED = ("id", "paper", "where", "quote", "statement", "paper_value", "setting", "data", "chapter",
+            "section", "measure")
+#: required of a measured claim; a claim the book does not run may state them (what would count)
+MEASURED = ("tolerance", "tolerance_why")
+OPTIONAL = MEASURED + ("paper_text", "value_from", "prediction", "interval", "seeds", "steps", "null_result",
+                       "exact", "differs", "not_run")
+DATA_KEYS = {"paper", "ours", "stand_in", "real_when"}
 
 
 @dataclass
 class Scale:
-    """Measured values at one scale: ``name`` (one of :data:`SCALES`), the glued values,
-    and where they come from (``date``, ``commit``, ``machine``, ``seconds``: wall time over
-    all ``starts`` of a resumed run, ``current``: whether the chapter's code is unchanged
-    since; a stale record is shown, not counted)."""
+    """Measured values at one scale: ``name`` (one of :data:`SCALES`), the glued values, and
+    where they come from (``date``, ``commit``, ``machine``, ``seconds``: wall time over all
+    ``starts`` of a resumed run). ``current``: whether the record's numbers would be the same
+    today (``None``: cannot be told); a stale record is shown, not counted, and ``stale_why``
+    says what changed. ``parameters``: the chapter parameters the values were computed with
+    (they decide whether the paper's data or a stand-in was used). ``deviation``: how the run
+    departs from its profile (``--set`` values, or a ``paper`` profile's ``not_on_cpu``), or
+    ``None``."""
 
     name: str
     values: Mapping[str, Any]
@@ -50,7 +82,9 @@ class Scale:
     seconds: float | None = None
     starts: int = 1
     current: bool | None = True
+    stale_why: str | None = None
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    deviation: str | None = None
 
 
 @dataclass
@@ -58,7 +92,13 @@ class Measurement:
     scale: Scale
     value: Any
     interval: float | None
-    met: bool | None
+    outcome: str | None  # one of OUTCOMES, None when there is no usable value
+    stand_in: bool = False
+
+    @property
+    def met(self) -> bool | None:
+        """``True``/``False`` for a decided outcome, ``None`` when inconclusive or unmeasured."""
+        return None if self.outcome in (None, INCONCLUSIVE) else self.outcome == MET
 
 
 @dataclass
@@ -68,6 +108,34 @@ class ClaimResult:
     decided_by: str | None  # the scale whose value gave the status
     measurements: list[Measurement]
     trend: str | None  # "toward" / "away from" / "unchanged": teaching -> largest current record
+    disagreement: list[tuple[str, str]] | None = None  # [(scale, outcome), ...] when the scales disagree
+
+
+# --------------------------------------------------------------------------- the claims list
+def quote_fragments(claim: Mapping[str, Any]) -> list[str]:
+    """The claim's quote as a list of verbatim fragments (a string is one fragment)."""
+    quote = claim.get("quote")
+    return [quote] if isinstance(quote, str) else list(quote or [])
+
+
+def normalise_space(text: str) -> str:
+    """Every run of whitespace as one space (how quotes are matched against a paper's text)."""
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def missing_quotes(claim: Mapping[str, Any], paper_text: str) -> list[str]:
+    """The fragments of the claim's quote not found in ``paper_text`` (whitespace normalised)."""
+    text = normalise_space(paper_text)
+    return [f for f in quote_fragments(claim) if normalise_space(f) not in text]
+
+
+def reference_value(claim: Mapping[str, Any]) -> float | None:
+    """The number an absolute or relative tolerance is measured from: the paper's value, or,
+    where the paper states none, the book's ``prediction``."""
+    if _is_number(claim.get("paper_value")):
+        return float(claim["paper_value"])
+    prediction = claim.get("prediction") or {}
+    return float(prediction["value"]) if _is_number(prediction.get("value")) else None
 
 
 def validate_claims(data: Mapping[str, Any], glued_names: Mapping[str, Iterable[str]] | None = None) -> list[dict]:
@@ -85,23 +153,59 @@ def validate_claims(data: Mapping[str, Any], glued_names: Mapping[str, Iterable[
         missing = [k for k in REQUIRED if k not in claim]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")
+        unknown = sorted(set(claim) - set(REQUIRED) - set(OPTIONAL))
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}")
         if claim["id"] in seen:
             raise ValueError(f"{where}: duplicate id")
         seen.add(claim["id"])
         if claim["paper"] not in papers:
             raise ValueError(f"{where}: paper {claim['paper']!r} is not under 'papers'")
+        fragments = quote_fragments(claim)
+        if not fragments or not all(isinstance(f, str) and f.strip() for f in fragments):
+            raise ValueError(f"{where}: quote must be the paper's words (a string or a list of strings)")
+        if claim["measure"] is not None:
+            missing = [k for k in MEASURED if k not in claim]
+            if missing:
+                raise ValueError(f"{where}: missing field(s) {missing}")
+        elif "tolerance" not in claim:
+            claim = {**claim, "tolerance": {"equals": None}, "tolerance_why": "not measured"}
         tol = claim["tolerance"]
         if not isinstance(tol, Mapping) or set(tol) not in TOLERANCE_KEYS:
             raise ValueError(f"{where}: tolerance must be one of {[sorted(k) for k in TOLERANCE_KEYS]}, got {tol!r}")
-        if set(tol) & {"absolute", "relative"} and not _is_number(claim["paper_value"]):
-            raise ValueError(f"{where}: an absolute or relative tolerance needs a numeric paper_value")
-        if "relative" in tol and claim["paper_value"] == 0:
+        if not (isinstance(claim.get("tolerance_why"), str) and claim["tolerance_why"].strip()):
+            raise ValueError(f"{where}: tolerance_why must say why the tolerance has its width")
+        if claim["paper_value"] is not None and not _is_number(claim["paper_value"]):
+            raise ValueError(f"{where}: paper_value must be a number the paper states, or null")
+        prediction = claim.get("prediction")
+        if prediction is not None and not (isinstance(prediction, Mapping) and _is_number(prediction.get("value"))
+                                           and prediction.get("why")):
+            raise ValueError(f"{where}: prediction needs a numeric 'value' and a 'why'")
+        if set(tol) & {"absolute", "relative"} and reference_value(claim) is None:
+            raise ValueError(f"{where}: an absolute or relative tolerance needs a numeric paper_value or prediction")
+        if "relative" in tol and reference_value(claim) == 0:
             raise ValueError(f"{where}: a relative tolerance needs a non-zero paper_value")
         if claim["paper_value"] is None and not claim.get("paper_text"):
             raise ValueError(f"{where}: a claim without paper_value needs paper_text")
+        d = claim["data"]
+        if not (isinstance(d, Mapping) and {"paper", "ours", "stand_in"} <= set(d) <= DATA_KEYS
+                and isinstance(d["stand_in"], bool)):
+            raise ValueError(f"{where}: data needs 'paper', 'ours' and a boolean 'stand_in' (optional 'real_when')")
+        if d.get("real_when") is not None and not isinstance(d["real_when"], Mapping):
+            raise ValueError(f"{where}: data.real_when must map parameter names to values")
         differs = claim.get("differs")
         if differs is not None and not (isinstance(differs, Mapping) and differs.get("section") and differs.get("why")):
             raise ValueError(f"{where}: differs needs 'section' and 'why'")
+        if claim["measure"] is None and not claim.get("not_run"):
+            raise ValueError(f"{where}: a claim the book does not measure (measure: null) needs not_run: the reason")
+        if claim["measure"] is not None and claim.get("not_run"):
+            raise ValueError(f"{where}: not_run is only for a claim without a measure")
+        null = claim.get("null_result")
+        if null is not None:
+            if not (isinstance(null, Mapping) and "value" in null and null.get("what")):
+                raise ValueError(f"{where}: null_result needs 'value' and 'what'")
+            if judge(null["value"], null.get("interval"), claim) != NOT_MET:
+                raise ValueError(f"{where}: the tolerance is met by its own null ({null['what']}: {null['value']!r})")
         if glued_names is not None:
             names = set(glued_names.get(claim["chapter"], ()))
             for key in ("measure", "interval", "seeds", "steps"):
@@ -111,48 +215,87 @@ def validate_claims(data: Mapping[str, Any], glued_names: Mapping[str, Iterable[
     return list(data["claims"])
 
 
+# --------------------------------------------------------------------------- one measurement
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+#: what a chapter glues for a study that did not run (never a measured value)
+SENTINELS = {"n/a", "nan", "inf", "-inf", "not measured", "not run"}
+
+
 def _usable(value: Any) -> bool:
-    return value is not None and not (isinstance(value, str) and value in {"n/a", "nan", "inf", "-inf"}) \
+    return value is not None and not (isinstance(value, str) and value in SENTINELS) \
         and not (isinstance(value, float) and not math.isfinite(value))
 
 
-def meets(value: Any, claim: Mapping[str, Any]) -> bool | None:
-    """Whether ``value`` satisfies the claim's tolerance; ``None`` when there is no usable value."""
+def allowed_range(claim: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The closed interval of values a numeric tolerance accepts (``None`` for ``equals``)."""
+    tol = claim["tolerance"]
+    if "equals" in tol:
+        return None
+    if "absolute" in tol:
+        ref, a = reference_value(claim), float(tol["absolute"])
+        return ref - a, ref + a
+    if "relative" in tol:
+        ref, r = reference_value(claim), float(tol["relative"])
+        ends = sorted((ref * (1 - r), ref * (1 + r)))
+        return ends[0], ends[1]
+    return float(tol.get("min", -math.inf)), float(tol.get("max", math.inf))
+
+
+def judge(value: Any, half_width: Any, claim: Mapping[str, Any]) -> str | None:
+    """``"met"``, ``"not met"`` or ``"inconclusive"`` for ``value`` (with its 95 % half-width,
+    or ``None``) against the claim's tolerance; ``None`` when there is no usable value.
+
+    A point value is met when it lies inside the tolerance. With an interval, all of
+    ``[value - h, value + h]`` must lie inside to be met, none of it to be not met; an
+    interval across an edge is inconclusive."""
     if not _usable(value):
         return None
-    tol, paper = claim["tolerance"], claim.get("paper_value")
+    tol = claim["tolerance"]
     if "equals" in tol:
         want = tol["equals"]
         if _is_number(want) and _is_number(value):
-            return float(value) == float(want)
-        return value == want
+            return MET if float(value) == float(want) else NOT_MET
+        return MET if value == want else NOT_MET
     if not _is_number(value):
         return None
-    value = float(value)
-    if "absolute" in tol:
-        return abs(value - float(paper)) <= float(tol["absolute"])
-    if "relative" in tol:
-        return abs(value / float(paper) - 1.0) <= float(tol["relative"])
-    return float(tol.get("min", -math.inf)) <= value <= float(tol.get("max", math.inf))
+    lo, hi = allowed_range(claim)
+    v = float(value)
+    h = abs(float(half_width)) if _is_number(half_width) else 0.0
+    if lo <= v - h and v + h <= hi:
+        return MET
+    if v + h < lo or v - h > hi:
+        return NOT_MET
+    return INCONCLUSIVE
+
+
+def meets(value: Any, claim: Mapping[str, Any]) -> bool | None:
+    """Whether the point ``value`` satisfies the claim's tolerance; ``None`` without a usable value."""
+    outcome = judge(value, None, claim)
+    return None if outcome is None else outcome == MET
+
+
+def uses_stand_in(claim: Mapping[str, Any], parameters: Mapping[str, Any]) -> bool:
+    """Whether a measurement with these chapter ``parameters`` is on stand-in data: the claim's
+    data is a stand-in, unless ``real_when``'s parameters are all set as it says."""
+    data = claim.get("data") or {}
+    if not data.get("stand_in"):
+        return False
+    real_when = data.get("real_when")
+    return not (real_when and all(parameters.get(k) == v for k, v in real_when.items()))
 
 
 def _distance(value: Any, claim: Mapping[str, Any]) -> float | None:
-    paper = claim.get("paper_value")
-    if _is_number(value) and _is_number(paper):
-        return abs(float(value) - float(paper))
+    ref = reference_value(claim)
+    if _is_number(value) and ref is not None:
+        return abs(float(value) - ref)
     return None
 
 
 def claim_status(claim: Mapping[str, Any], scales: Sequence[Scale]) -> ClaimResult:
-    """The claim's status from the largest scale that measured it (stale records are shown
-    but do not count): met there, "reproduced" when that scale is the paper's or the claim is
-    ``exact``, else "reproduced at smaller scale"; not met, "differs, explained" when the claim
-    names the section that explains it, else "differs, not yet explained"; nowhere measured,
-    "not yet run at this scale"."""
+    """The claim's status from the largest current scale that measured it (see the module's rules)."""
     order = {name: i for i, name in enumerate(SCALES)}
     unknown = [s.name for s in scales if s.name not in order]
     if unknown:
@@ -162,35 +305,44 @@ def claim_status(claim: Mapping[str, Any], scales: Sequence[Scale]) -> ClaimResu
     for scale in sorted(scales, key=lambda s: order[s.name]):
         value = scale.values.get(measure) if measure else None
         half = scale.values.get(interval) if interval else None
+        outcome = judge(value, half, claim)
         rows.append(Measurement(scale, value if _usable(value) else None,
-                                float(half) if _is_number(half) else None, meets(value, claim)))
-    counted = [m for m in rows if m.met is not None and m.scale.current is not False]
+                                float(half) if _is_number(half) else None, outcome,
+                                uses_stand_in(claim, scale.parameters)))
+    counted = [m for m in rows if m.outcome is not None and m.scale.current is not False]
     if not counted:
         return ClaimResult(claim, NOT_RUN, None, rows, None)
     last = counted[-1]
-    if last.met:
-        status = REPRODUCED if (claim.get("exact") or last.scale.name == "paper") else SMALLER
+    if last.outcome == INCONCLUSIVE:
+        status = INCONCLUSIVE
+    elif last.outcome == MET:
+        if last.stand_in:
+            status = STAND_IN
+        elif claim.get("exact") or (last.scale.name == "paper" and not last.scale.deviation):
+            status = REPRODUCED
+        else:
+            status = SMALLER
     else:
         status = DIFFERS if claim.get("differs") else UNEXPLAINED
+    disagreement = None
+    if len({m.outcome for m in counted}) > 1:
+        disagreement = [(m.scale.name, m.outcome) for m in counted]
     trend = None
     first = counted[0]
-    if first is not last:
+    tol = claim.get("tolerance") or {}
+    if first is not last and set(tol) & {"absolute", "relative"}:  # a distance to a number means something
         d0, d1 = _distance(first.value, claim), _distance(last.value, claim)
         if d0 is not None and d1 is not None:
             trend = "toward" if d1 < d0 else "away from" if d1 > d0 else "unchanged"
-        elif first.met != last.met:
-            trend = "toward" if last.met else "away from"
-        else:
-            trend = "unchanged"
-    return ClaimResult(claim, status, last.scale.name, rows, trend)
+    return ClaimResult(claim, status, last.scale.name, rows, trend, disagreement)
 
 
 def ratio_to_paper(value: Any, claim: Mapping[str, Any]) -> tuple[str, float] | None:
     """``("ratio", ours / paper)`` where both are numbers of the same sign and the paper's is
     non-zero, ``("difference", ours - paper)`` where a ratio means nothing (paper value 0 or
-    signs differ), ``None`` for a qualitative claim or a non-numeric value."""
+    signs differ), ``None`` for a claim without the paper's number or a non-numeric value."""
     paper = claim.get("paper_value")
-    if not (_is_number(value) and _is_number(paper)) or claim["tolerance"].keys() == {"equals"}:
+    if not (_is_number(value) and _is_number(paper)) or set(claim.get("tolerance") or {"equals": None}) == {"equals"}:
         return None
     value, paper = float(value), float(paper)
     if paper != 0 and value / paper > 0:
@@ -224,10 +376,11 @@ def format_value(value: Any) -> str:
 def format_tolerance(claim: Mapping[str, Any]) -> str:
     """The tolerance in words, as shown on the page."""
     tol = claim["tolerance"]
+    whose = "the paper" if _is_number(claim.get("paper_value")) else "the book's prediction"
     if "absolute" in tol:
-        return f"within ±{format_value(tol['absolute'])} of the paper"
+        return f"within ±{format_value(tol['absolute'])} of {whose}"
     if "relative" in tol:
-        return f"within {100 * float(tol['relative']):.0f} % of the paper"
+        return f"within {100 * float(tol['relative']):.0f} % of {whose}"
     if "equals" in tol:
         return f"= {format_value(tol['equals'])}"
     lo, hi = tol.get("min"), tol.get("max")

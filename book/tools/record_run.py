@@ -31,7 +31,7 @@ from typing import Any
 
 import nbformat
 
-from nnk_book.records import RECORD_META, hash_cells
+from nnk_book.records import RECORD_META, fingerprint, hash_cells, machine_dependent
 from nnk_book.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,15 +94,62 @@ def results_of_this_run(glued: dict[str, Any]) -> dict[str, Any]:
     return {name: v for name, v in glued.items() if not copied(name)}
 
 
+def parse_set(items: list[str] | None) -> dict[str, Any]:
+    """``["use_real_data=false", "n_test=832"]`` (``run_chapters.py --set``) as a dict of values."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise ValueError(f"set: expected NAME=VALUE, got {item!r}")
+        out[name] = yaml.safe_load(value)
+    return out
+
+
+def teaching_fingerprint(teaching: Path, chapter: str, code_hash: str, commit: str, made: str) -> dict[str, Any]:
+    """The fingerprint a record keeps of the teaching run of its own commit: the values a ``ci``
+    run of the same chapter code glued, less the machine-dependent ones
+    (:func:`nnk_book.records.machine_dependent`). ``ValueError`` when ``teaching`` is not a
+    complete ci run of the same chapter code."""
+    nb = nbformat.read(str(teaching), as_version=4)
+    meta = nb.metadata.get("papermill", {})
+    if Path(meta.get("input_path") or "").stem != chapter:
+        raise ValueError(f"teaching: {teaching} is not an executed {chapter}")
+    if meta.get("parameters"):
+        raise ValueError(f"teaching: {teaching} ran with injected parameters {meta['parameters']}; "
+                         "the fingerprint is the ci profile's (the notebook's own parameters)")
+    if any(c.get("metadata", {}).get("papermill", {}).get("exception") for c in nb.cells):
+        raise ValueError(f"teaching: {teaching} raised; use a complete run")
+    if executed_code_hash(nb) != code_hash:
+        raise ValueError(f"teaching: {teaching} ran other chapter code than the record (code hash "
+                         f"{executed_code_hash(nb)} against {code_hash})")
+    values = {name: _jsonable(v) for name, v in results_of_this_run(read_glued(teaching)).items()}
+    return {"commit": commit, "made": made, "values": fingerprint(values, list(machine_dependent(chapter)))}
+
+
+def add_fingerprint(record_path: Path, teaching: Path, made: str) -> Path:
+    """Add a teaching fingerprint to an existing record, from a ci run of the record's commit."""
+    data = json.loads(Path(record_path).read_text())
+    data["teaching_fingerprint"] = teaching_fingerprint(teaching, data["chapter"], data["code_hash"],
+                                                        data["commit"], made)
+    atomic_write_text(Path(record_path), json.dumps(data, indent=1, sort_keys=False) + "\n")
+    return Path(record_path)
+
+
 def record(
     executed: Path, profile: str, note: str, threads: int | None, out_dir: Path = RUNS, commit: str | None = None,
-    earlier_seconds: list[float] | None = None,
+    earlier_seconds: list[float] | None = None, teaching: Path | None = None,
+    declared: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``<out_dir>/<chapter>.<profile>.json`` from an executed notebook; return its path.
 
     ``commit``: the commit whose chapter code was executed (default: the current HEAD).
     ``earlier_seconds``: wall times of the earlier starts of a run resumed from the result
     store (``seconds`` is this start's; the scorecard shows the sum and the number of starts).
+    ``teaching``: a ci run of the same commit, whose values become the record's fingerprint
+    (the record stays current while a build's teaching values agree with it).
+    ``declared``: the parameters set on top of the profile (``run_chapters.py --set``).
     """
     earlier = [float(x) for x in (earlier_seconds or [])]
     if any(not math.isfinite(x) or x <= 0 for x in earlier):
@@ -125,6 +172,12 @@ def record(
     if threads is None:
         threads = int(os.environ.get("OMP_NUM_THREADS", "0")) or None
     duration = meta.get("duration")
+    code = executed_code_hash(nb)
+    commit = commit or _git("rev-parse", "--short", "HEAD")
+    injected = meta.get("parameters", {}) or {}
+    for name, value in (declared or {}).items():
+        if injected.get(name) != value:
+            raise ValueError(f"declared: {name} = {value!r} was not what the run used ({injected.get(name)!r})")
     payload = {
         "chapter": chapter,
         "profile": profile,
@@ -133,14 +186,16 @@ def record(
         "executed_start": meta.get("start_time"),
         "seconds": round(float(duration), 1) if duration is not None else None,
         **({"earlier_starts_seconds": [round(x, 1) for x in earlier]} if earlier else {}),
-        "commit": commit or _git("rev-parse", "--short", "HEAD"),
-        # The chapter's code cells as recorded: nnk_book.recorded_run tells a chapter
-        # whether its experiments changed since (the record is then stale).
-        "code_hash": executed_code_hash(nb),
-        "parameters": meta.get("parameters", {}),
+        "commit": commit,
+        "code_hash": code,
+        "parameters": injected,
+        **({"set": dict(declared)} if declared else {}),
         "machine": {"cpu": _cpu_model(), "logical_cores": os.cpu_count(), "threads": threads},
         "values": {name: _jsonable(v) for name, v in sorted(values.items())},
     }
+    if teaching is not None:
+        payload["teaching_fingerprint"] = teaching_fingerprint(
+            teaching, chapter, code, commit, f"the ci run beside this run ({payload['recorded']})")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{chapter}.{profile}.json"
     # Atomically (temporary file, fsync, rename): on a full disk or Ctrl-C the previous
@@ -162,10 +217,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="commit whose chapter code was executed, when not the current HEAD")
     parser.add_argument("--earlier-seconds", type=float, nargs="+", default=None, metavar="S",
                         help="wall times (s) of the earlier starts of a run resumed from the result store")
+    parser.add_argument("--teaching", type=Path, default=None,
+                        help="a ci run of the same commit (run_chapters.py --profile ci): its glued values "
+                             "become the record's fingerprint, which keeps the record current")
+    parser.add_argument("--set", action="append", default=None, metavar="NAME=VALUE",
+                        help="a parameter the run set on top of its profile (as given to run_chapters.py)")
+    parser.add_argument("--add-fingerprint", type=Path, default=None, metavar="RECORD",
+                        help="instead of recording: add --teaching's fingerprint to this existing record "
+                             "(the ci run must be of the record's commit)")
     args = parser.parse_args(argv)
     try:
+        if args.add_fingerprint is not None:
+            if args.teaching is None:
+                parser.error("--add-fingerprint needs --teaching")
+            import datetime as _dt
+
+            path = add_fingerprint(args.add_fingerprint, args.teaching,
+                                   f"afterwards ({_dt.date.today()}), by a ci run of the record's commit")
+            print(f"added the teaching fingerprint to {path}")
+            return 0
         path = record(args.executed, args.profile, args.note, args.threads, commit=args.commit,
-                      earlier_seconds=args.earlier_seconds)
+                      earlier_seconds=args.earlier_seconds, teaching=args.teaching, declared=parse_set(args.set))
     except ValueError as err:
         parser.error(str(err))
     print(f"wrote {path.relative_to(ROOT)}")
