@@ -29,7 +29,7 @@ from glued import read_glued  # noqa: E402
 
 from nnk_book import scorecard as sc  # noqa: E402
 from nnk_book.files import atomic_write_text  # noqa: E402
-from nnk_book.records import (chapter_parameters, machine_dependent, parameter_deviations,  # noqa: E402
+from nnk_book.records import (EXPECTED, chapter_parameters, machine_dependent, parameter_deviations,  # noqa: E402
                               record_currency, recorded_run, run_seconds, run_starts)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,7 +178,8 @@ def _status_cell(r: sc.ClaimResult) -> str:
 def _details(r: sc.ClaimResult) -> str:
     c = r.claim
     quote = " […] ".join(_e(f) for f in sc.quote_fragments(c))
-    out = [f'<blockquote class="nnk-quote">“{quote}”<br><span class="nnk-small">{_e(c["where"])}</span></blockquote>',
+    out = [f"<p><b>The claim:</b> {_e(c['statement'])}</p>",
+           f'<blockquote class="nnk-quote">“{quote}”<br><span class="nnk-small">{_e(c["where"])}</span></blockquote>',
            f"<p><b>The paper’s setting:</b> {_e(c['setting'])}.",
            f"<b>Data:</b> the paper: {_e(c['data']['paper'])}; the book: {_e(c['data']['ours'])}"
            + (" (a stand-in)" if c["data"].get("stand_in") else "") + ".</p>"]
@@ -209,6 +210,17 @@ def _details(r: sc.ClaimResult) -> str:
     return "".join(out)
 
 
+def short_statement(text: str, limit: int = 170) -> str:
+    """The claim in a few words for its table row: the statement's first clause (the whole
+    statement is folded under the row), cut at a word and marked when still too long."""
+    text = " ".join(str(text).split())
+    m = re.search(r"(?<=[a-z0-9)\]%])(?:[.;:]) (?=\S)", text[40:])
+    first = text[:40 + m.start() + 1] if m else text
+    if len(first) <= limit:
+        return first
+    return first[:limit].rsplit(" ", 1)[0] + " …"
+
+
 def _record_cell(r: sc.ClaimResult) -> str:
     records = [m for m in r.measurements if m.scale.name != "teaching"]
     shown = [m for m in records if m.value is not None]
@@ -232,7 +244,7 @@ def claims_table(results: Sequence[sc.ClaimResult]) -> list[str]:
         ours = "not measured" if c.get("measure") is None else _ours(teach, c) if teach else "chapter not run"
         disagree = ' data-disagree="1"' if r.disagreement else ""
         out.append(f'<tbody class="nnk-claim" id="claim-{_e(c["id"])}" data-status="{_slug(r.status)}"{disagree}>')
-        out.append(f"<tr><td><b>{_e(c['where'])}</b>: {_e(c['statement'])} <code class='nnk-small'>{_e(c['id'])}</code></td>"
+        out.append(f"<tr><td>{_e(short_statement(c['statement']))} <span class='nnk-small'>({_e(c['id'])})</span></td>"
                    f"<td>{_paper_cell(c)}</td><td>{ours}</td><td>{_record_cell(r)}</td><td>{_status_cell(r)}</td></tr>")
         out.append(f'<tr class="nnk-claim-details"><td colspan="5"><details><summary>the paper’s words, tolerance, '
                    f"data</summary>{_details(r)}</details></td></tr>")
@@ -329,6 +341,30 @@ def draw_figure(results: Sequence[sc.ClaimResult], path: Path) -> bool:
     return True
 
 
+def record_notes(chapter: str, scales: Sequence[sc.Scale]) -> str | None:
+    """A folded list of what each record of the chapter found, with the recorded values: the
+    predictions it did not meet (``<profile>_checks: failed``) and the descriptions written after
+    it ran (``<profile>_findings``), from ``tests/expected/<chapter>.yaml``. Not asserted here."""
+    path = EXPECTED / f"{chapter}.yaml"
+    expected = yaml.safe_load(path.read_text()) if path.exists() else {}
+    items = []
+    for s in scales:
+        if s.name == "teaching":
+            continue
+        failed = ((expected.get(f"{s.name}_checks") or {}).get("failed") or {})
+        found = expected.get(f"{s.name}_findings") or {}
+        for kind, entries in (("prediction not met", failed), ("finding", found)):
+            for name, text in entries.items():
+                value = sc.format_value(s.values.get(name)) if name in s.values else "—"
+                items.append(f"<li><b>{_e(kind)}</b> ({_e(s.name)}): {_e(text)} "
+                             f"<code>{_e(name)}</code> = {_e(value)}</li>")
+    if not items:
+        return None
+    return (f'<details class="nnk-record-notes"><summary>What the records of <code>{_e(chapter)}</code> found '
+            f"({len(items)} notes, written after the runs: descriptions, not checks)</summary><ul>"
+            + "".join(items) + "</ul></details>")
+
+
 def scorecard_markdown(data: Mapping[str, Any], results: Sequence[sc.ClaimResult], chapters: Sequence[str],
                        figure: bool) -> str:
     out = ["(scorecard)=", "# Reproduction scorecard", "",
@@ -369,8 +405,13 @@ def scorecard_markdown(data: Mapping[str, Any], results: Sequence[sc.ClaimResult
         out += ["", f"### {paper['title']}", "",
                 f"The paper's setting: {paper['setting']}. "
                 + "; ".join(f"{counts[s]} {s}" for s in sc.STATUSES if counts[s]) + ".", ""]
-        for chapter in sorted({r.claim["chapter"] for r in mine}):
+        chapters_here = sorted({r.claim["chapter"] for r in mine})
+        for chapter in chapters_here:
             out.append(provenance(chapter, scales[chapter]))
+        for chapter in chapters_here:
+            notes = record_notes(chapter, scales[chapter])
+            if notes:
+                out += ["", notes]
         out += [""] + claims_table(mine)
     return "\n".join(out) + "\n"
 
