@@ -153,7 +153,8 @@ def test_every_status() -> None:
     assert sc.claim_status(stand_in, _scales(teaching=2.0)).status == sc.STAND_IN
     assert sc.claim_status(stand_in, _scales(teaching=2.0, params={"use_real_data": False})).status == sc.STAND_IN
     assert sc.claim_status(stand_in, _scales(teaching=2.0, params={"use_real_data": True})).status == sc.SMALLER
-    assert sc.claim_status(stand_in, _scales(teaching=1.0)).status == sc.UNEXPLAINED
+    assert sc.claim_status(stand_in, _scales(teaching=1.0)).status == sc.STAND_IN  # whatever the outcome
+    assert sc.claim_status(stand_in, _scales(teaching=1.0)).outcome == sc.NOT_MET
     # the largest current scale decides; a stale record is shown but does not count
     r = sc.claim_status(c, _scales(teaching=1.0, record=2.0))
     assert (r.status, r.decided_by, r.trend) == (sc.SMALLER, "record", "toward")
@@ -166,6 +167,23 @@ def test_every_status() -> None:
     r = sc.claim_status(_claim(tolerance={"equals": True}), [
         sc.Scale("teaching", {"m": False}), sc.Scale("record", {"m": True})])
     assert (r.status, r.trend) == (sc.SMALLER, None) and r.disagreement
+
+
+def test_a_necessary_condition_refutes_but_does_not_confirm() -> None:
+    """refutes_only: met is inconclusive (the check cannot confirm the claim); not met differs."""
+    claim = _claim(tolerance={"max": -12.0}, paper_value=None, paper_text="super-exponential", refutes_only=True)
+    assert sc.claim_status(claim, _scales(teaching=-16.0)).status == sc.INCONCLUSIVE
+    assert sc.claim_status(claim, _scales(teaching=-5.0)).status == sc.UNEXPLAINED
+    with pytest.raises(ValueError, match="refutes_only"):
+        sc.validate_claims({"papers": {"p": {}}, "claims": [_claim(refutes_only="yes")]})
+
+
+def test_one_of_accepts_each_listed_value() -> None:
+    claim = _claim(tolerance={"one_of": ["a: larger; b: larger", "a: larger; b: tied"]}, paper_value=None, paper_text="t")
+    assert sc.judge("a: larger; b: tied", None, claim) == sc.MET and sc.judge("a: tied; b: tied", None, claim) == sc.NOT_MET
+    assert "one of" in sc.format_tolerance(claim)
+    with pytest.raises(ValueError, match="one_of"):
+        sc.validate_claims({"papers": {"p": {}}, "claims": [_claim(tolerance={"one_of": ["only"]})]})
 
 
 def test_no_trend_for_a_bound() -> None:
@@ -399,9 +417,14 @@ def check_page(executed: Path, out: Path, chapters: list[str]) -> list[str]:
                 outcome = (sc.MET if lo <= value - h and value + h <= hi else
                            sc.NOT_MET if value + h < lo or value - h > hi else sc.INCONCLUSIVE)
             stand_in = sc.uses_stand_in(claim, r.measurements[0].scale.parameters)
-            want = (sc.INCONCLUSIVE if outcome == sc.INCONCLUSIVE else
-                    (sc.REPRODUCED if claim.get("exact") else sc.STAND_IN if stand_in else sc.SMALLER)
-                    if outcome == sc.MET else sc.DIFFERS if claim.get("differs") else sc.UNEXPLAINED)
+            if stand_in:
+                want = sc.STAND_IN
+            elif outcome == sc.INCONCLUSIVE or (outcome == sc.MET and claim.get("refutes_only")):
+                want = sc.INCONCLUSIVE
+            elif outcome == sc.MET:
+                want = sc.REPRODUCED if claim.get("exact") else sc.SMALLER
+            else:
+                want = sc.DIFFERS if claim.get("differs") else sc.UNEXPLAINED
             if status != want:
                 problems.append(f"{claim['id']}: page says {status!r}, the run gives {want!r}")
     return problems

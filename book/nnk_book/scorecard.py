@@ -13,11 +13,15 @@ The rules, in order (:func:`claim_status`):
 * the **largest current scale** with a usable value decides; a stale record is shown, not
   counted;
 * where the claim names a 95 % interval, the interval decides: *met* when all of it lies
-  inside the tolerance, *not met* when none of it does, otherwise **inconclusive**;
+  inside the tolerance, *not met* when none of it does, otherwise **inconclusive**; a check
+  that can refute the claim but not confirm it (``refutes_only``: a necessary condition) is
+  inconclusive when met;
+* measured only on data that stands in for the paper's data set (the 8 x 8 digits for
+  MNIST), whatever the outcome, is **measured on stand-in data only** (the outcome is shown
+  beside it): such a measurement neither reproduces the paper nor shows it wrong;
 * met on the paper's data at a ``paper`` run without deviations (or an ``exact`` claim:
   an identity, a count) is **reproduced**; met at a smaller scale on the paper's kind of
-  data is **reproduced at smaller scale**; met only on data that stands in for the paper's
-  data set is **met on stand-in data**;
+  data is **reproduced at smaller scale**;
 * not met: **differs, explained** when the claim names the chapter section whose
   measurement explains it, else **differs, not yet explained**;
 * a claim the book does not measure (``measure: null``, with ``not_run``), or measured at
@@ -40,7 +44,7 @@ PAPERS = ROOT.parent / "shared" / "papers"
 
 REPRODUCED = "reproduced"
 SMALLER = "reproduced at smaller scale"
-STAND_IN = "met on stand-in data"
+STAND_IN = "measured on stand-in data only"
 INCONCLUSIVE = "inconclusive"
 DIFFERS = "differs, explained"
 UNEXPLAINED = "differs, not yet explained"
@@ -53,13 +57,13 @@ OUTCOMES = (MET, NOT_MET, INCONCLUSIVE)
 
 #: Scales from smallest to largest: the executed chapters (``ci`` profile) and the recorded runs.
 SCALES = ("teaching", "record", "paper")
-TOLERANCE_KEYS = ({"absolute"}, {"relative"}, {"equals"}, {"min"}, {"max"}, {"min", "max"})
+TOLERANCE_KEYS = ({"absolute"}, {"relative"}, {"equals"}, {"one_of"}, {"min"}, {"max"}, {"min", "max"})
 REQUIRED = ("id", "paper", "where", "quote", "statement", "paper_value", "setting", "data", "chapter",
             "section", "measure")
 #: required of a measured claim; a claim the book does not run may state them (what would count)
 MEASURED = ("tolerance", "tolerance_why")
 OPTIONAL = MEASURED + ("paper_text", "value_from", "prediction", "interval", "seeds", "steps", "null_result",
-                       "exact", "differs", "not_run")
+                       "exact", "differs", "not_run", "refutes_only")
 DATA_KEYS = {"paper", "ours", "stand_in", "real_when"}
 
 
@@ -109,6 +113,7 @@ class ClaimResult:
     measurements: list[Measurement]
     trend: str | None  # "toward" / "away from" / "unchanged": teaching -> largest current record
     disagreement: list[tuple[str, str]] | None = None  # [(scale, outcome), ...] when the scales disagree
+    outcome: str | None = None  # the deciding measurement's outcome (one of OUTCOMES)
 
 
 # --------------------------------------------------------------------------- the claims list
@@ -173,6 +178,10 @@ def validate_claims(data: Mapping[str, Any], glued_names: Mapping[str, Iterable[
         tol = claim["tolerance"]
         if not isinstance(tol, Mapping) or set(tol) not in TOLERANCE_KEYS:
             raise ValueError(f"{where}: tolerance must be one of {[sorted(k) for k in TOLERANCE_KEYS]}, got {tol!r}")
+        if "one_of" in tol and not (isinstance(tol["one_of"], list) and len(tol["one_of"]) >= 2):
+            raise ValueError(f"{where}: tolerance one_of needs a list of at least two accepted values")
+        if claim.get("refutes_only") not in (None, True):
+            raise ValueError(f"{where}: refutes_only is true or absent")
         if not (isinstance(claim.get("tolerance_why"), str) and claim["tolerance_why"].strip()):
             raise ValueError(f"{where}: tolerance_why must say why the tolerance has its width")
         if claim["paper_value"] is not None and not _is_number(claim["paper_value"]):
@@ -232,7 +241,7 @@ def _usable(value: Any) -> bool:
 def allowed_range(claim: Mapping[str, Any]) -> tuple[float, float] | None:
     """The closed interval of values a numeric tolerance accepts (``None`` for ``equals``)."""
     tol = claim["tolerance"]
-    if "equals" in tol:
+    if "equals" in tol or "one_of" in tol:
         return None
     if "absolute" in tol:
         ref, a = reference_value(claim), float(tol["absolute"])
@@ -254,11 +263,10 @@ def judge(value: Any, half_width: Any, claim: Mapping[str, Any]) -> str | None:
     if not _usable(value):
         return None
     tol = claim["tolerance"]
-    if "equals" in tol:
-        want = tol["equals"]
-        if _is_number(want) and _is_number(value):
-            return MET if float(value) == float(want) else NOT_MET
-        return MET if value == want else NOT_MET
+    if "equals" in tol or "one_of" in tol:
+        wanted = tol["one_of"] if "one_of" in tol else [tol["equals"]]
+        same = [float(value) == float(w) if _is_number(w) and _is_number(value) else value == w for w in wanted]
+        return MET if any(same) else NOT_MET
     if not _is_number(value):
         return None
     lo, hi = allowed_range(claim)
@@ -313,12 +321,13 @@ def claim_status(claim: Mapping[str, Any], scales: Sequence[Scale]) -> ClaimResu
     if not counted:
         return ClaimResult(claim, NOT_RUN, None, rows, None)
     last = counted[-1]
-    if last.outcome == INCONCLUSIVE:
+    if last.stand_in:
+        status = STAND_IN
+    elif last.outcome == INCONCLUSIVE or (last.outcome == MET and claim.get("refutes_only")):
+        # a check that can refute the claim but not confirm it (a necessary condition) says nothing when met
         status = INCONCLUSIVE
     elif last.outcome == MET:
-        if last.stand_in:
-            status = STAND_IN
-        elif claim.get("exact") or (last.scale.name == "paper" and not last.scale.deviation):
+        if claim.get("exact") or (last.scale.name == "paper" and not last.scale.deviation):
             status = REPRODUCED
         else:
             status = SMALLER
@@ -334,7 +343,7 @@ def claim_status(claim: Mapping[str, Any], scales: Sequence[Scale]) -> ClaimResu
         d0, d1 = _distance(first.value, claim), _distance(last.value, claim)
         if d0 is not None and d1 is not None:
             trend = "toward" if d1 < d0 else "away from" if d1 > d0 else "unchanged"
-    return ClaimResult(claim, status, last.scale.name, rows, trend, disagreement)
+    return ClaimResult(claim, status, last.scale.name, rows, trend, disagreement, last.outcome)
 
 
 def ratio_to_paper(value: Any, claim: Mapping[str, Any]) -> tuple[str, float] | None:
@@ -342,7 +351,7 @@ def ratio_to_paper(value: Any, claim: Mapping[str, Any]) -> tuple[str, float] | 
     non-zero, ``("difference", ours - paper)`` where a ratio means nothing (paper value 0 or
     signs differ), ``None`` for a claim without the paper's number or a non-numeric value."""
     paper = claim.get("paper_value")
-    if not (_is_number(value) and _is_number(paper)) or set(claim.get("tolerance") or {"equals": None}) == {"equals"}:
+    if not (_is_number(value) and _is_number(paper)) or set(claim.get("tolerance") or {"equals": None}) & {"equals", "one_of"}:
         return None
     value, paper = float(value), float(paper)
     if paper != 0 and value / paper > 0:
@@ -383,6 +392,8 @@ def format_tolerance(claim: Mapping[str, Any]) -> str:
         return f"within {100 * float(tol['relative']):.0f} % of {whose}"
     if "equals" in tol:
         return f"= {format_value(tol['equals'])}"
+    if "one_of" in tol:
+        return "one of: " + "; ".join(format_value(v) for v in tol["one_of"])
     lo, hi = tol.get("min"), tol.get("max")
     if lo is not None and hi is not None:
         return f"between {format_value(lo)} and {format_value(hi)}"

@@ -168,6 +168,10 @@ def _paper_cell(claim: Mapping[str, Any]) -> str:
 
 def _status_cell(r: sc.ClaimResult) -> str:
     badge = f'<span class="nnk-badge nnk-badge-{_slug(r.status)}">{_e(r.status)}</span>'
+    if r.status == sc.STAND_IN:
+        badge += f' <span class="nnk-small">({_e(r.outcome)}' + (
+            f", at {_e(r.decided_by)} scale)" if r.decided_by != "teaching" else ")") + "</span>"
+        return badge + (' <span class="nnk-badge nnk-badge-disagree">scales disagree</span>' if r.disagreement else "")
     if r.decided_by and r.decided_by != "teaching":
         badge += f' <span class="nnk-small">({_e(r.decided_by)})</span>'
     if r.disagreement:
@@ -378,8 +382,9 @@ def scorecard_markdown(data: Mapping[str, Any], results: Sequence[sc.ClaimResult
            "glues a 95 % interval, the claim is *met* only when the whole interval lies inside the tolerance, "
            "and *inconclusive* when the interval crosses its edge. A met claim is *reproduced* when it does not "
            "depend on scale (an identity, a count) or was met by a `paper` run without deviations; *reproduced at "
-           "smaller scale* when it was met on the paper's kind of data at a smaller scale; *met on stand-in data* "
-           "when the data set itself was replaced (the 8 × 8 digits for MNIST, the docstring task for GLUE). A "
+           "smaller scale* when it was met on the paper's kind of data at a smaller scale. A claim measured only "
+           "where the data set itself was replaced (the 8 × 8 digits for MNIST, the docstring task for GLUE) is "
+           "*measured on stand-in data only*, whatever the outcome, which the row shows beside it. A "
            "claim that is not met *differs*: *explained* when a chapter section measures why, else *not yet "
            "explained*. A claim the book does not measure is *not yet run*, with the reason.", "",
            "A record is *current* while its numbers would be the same if it ran today: it stores the "
