@@ -674,3 +674,64 @@ def test_atomic_write_gives_the_mode_a_plain_open_would(tmp_path) -> None:
     kept.chmod(0o640)
     atomic_write_text(kept, "y")
     assert stat.S_IMODE(kept.stat().st_mode) == 0o640 and kept.read_text() == "y"
+
+
+# --------------------------------------------------------------------------- is a record current?
+def _record(fingerprint=None, parameters=None, declared=None):
+    data = {"commit": "abc1234", "parameters": parameters or {"n": 2, "use_real_data": False}}
+    if declared is not None:
+        data["set"] = declared
+    if fingerprint is not None:
+        data["teaching_fingerprint"] = {"commit": "abc1234", "values": fingerprint}
+    return data
+
+
+def test_a_record_is_current_while_its_teaching_values_agree() -> None:
+    from nnk_book.records import record_currency
+
+    then = {"acc": 0.875, "verdict": "tied", "steps": 600, "flag": True, "run_ms": 12.0}
+    profile = {"n": 2, "use_real_data": True}
+    declared = {"use_real_data": False}
+    ok = _record(then, declared=declared)
+    # the same values (rounding between thread counts allowed), a new result, a timing that moved: current
+    now = {**then, "acc": 0.875 * (1 + 1e-7), "new_result": 3.0, "run_ms": 30.0}
+    assert record_currency(ok, now, profile, ["*_ms"]) == (True, None)
+    # a computed value that moved, a word that changed, a result no longer glued: stale, and it says which
+    for change, word in (({"acc": 0.88}, "acc"), ({"verdict": "ahead"}, "verdict"), ({"flag": 1}, "flag")):
+        current, why = record_currency(ok, {**now, **change}, profile, ["*_ms"])
+        assert current is False and word in why and "abc1234" in why
+    current, why = record_currency(ok, {k: v for k, v in now.items() if k != "steps"}, profile, ["*_ms"])
+    assert current is False and "steps is no longer glued" in why
+    # the timing counts when it is not declared machine-dependent
+    assert record_currency(ok, now, profile, [])[0] is False
+    # the profile moved away from the run's parameters (beyond what the run declared it set)
+    current, why = record_currency(ok, now, {"n": 3, "use_real_data": True}, ["*_ms"])
+    assert current is False and "n = 2 in the run, 3 in the profile" in why
+    assert record_currency(_record(then), now, profile, ["*_ms"])[0] is False  # undeclared --set
+    # values that differ at another thread count than the fingerprint's cannot tell; equal values still can
+    threaded = _record(then, declared=declared)
+    threaded["teaching_fingerprint"]["threads"] = 1
+    assert record_currency(threaded, {**now, "acc": 0.9}, profile, ["*_ms"], threads=2)[0] is None
+    assert record_currency(threaded, {**now, "acc": 0.9}, profile, ["*_ms"], threads=1)[0] is False
+    assert record_currency(threaded, now, profile, ["*_ms"], threads=2) == (True, None)
+    # cannot tell: no fingerprint, or no teaching run in this build
+    assert record_currency(_record(None, declared=declared), now, profile)[0] is None
+    assert record_currency(ok, None, profile)[0] is None
+
+
+def test_fingerprint_leaves_out_machine_dependent_names() -> None:
+    from nnk_book.records import fingerprint, fingerprint_changes, parameter_deviations
+
+    assert fingerprint({"a": 1, "b_ms": 2.0, "c_seconds": 3.0}, ["*_ms", "c_*"]) == {"a": 1}
+    assert fingerprint_changes({"x": float("nan")}, {"x": float("nan")}) == []
+    assert fingerprint_changes({"x": 1.0}, {"x": float("nan")}) != []
+    assert parameter_deviations({"a": 1, "b": 2}, {"a": 1, "c": 3}) == {"b": (2, None), "c": (None, 3)}
+
+
+def test_every_chapter_declares_its_machine_dependent_names() -> None:
+    from nnk_book.records import machine_dependent
+
+    for chapter in ("01_ntk", "02_random_features", "03_bundling", "04_toeplitz", "05_lookupffn",
+                    "06_mlp_fusion", "07_ffn_replacements"):
+        names = machine_dependent(chapter)
+        assert names and all(isinstance(v, str) and v.strip() for v in names.values()), chapter

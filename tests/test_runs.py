@@ -328,3 +328,69 @@ def test_record_survives_a_full_disk(tmp_path: Path) -> None:
     assert old.read_bytes() == before, "the previous record was damaged"
     json.loads(old.read_text())
     assert sorted(p.name for p in runs.iterdir()) == [old.name], "a temporary file was left behind"
+
+
+def _teaching_copy(tmp_path: Path, **meta) -> Path:
+    """The synthetic executed chapter as a ci run (no injected parameters) of the same code."""
+    nb = nbformat.read(str(_executed(tmp_path)), as_version=4)
+    nb.metadata["papermill"]["parameters"] = {}
+    nb.metadata["papermill"].update(meta)
+    path = tmp_path / "teaching.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_a_record_keeps_the_fingerprint_of_its_teaching_run(tmp_path: Path) -> None:
+    teaching = _teaching_copy(tmp_path)
+    out = record(_executed(tmp_path), "record", "", 1, out_dir=tmp_path / "runs", teaching=teaching,
+                 declared={"seed": 0})
+    data = json.loads(out.read_text())
+    assert data["teaching_fingerprint"]["values"] == {"rf_x": 1.5, "rf_y": "inf"}  # the copy rf_full_x left out
+    assert data["teaching_fingerprint"]["commit"] == data["commit"] and data["set"] == {"seed": 0}
+    with pytest.raises(ValueError, match="declared"):
+        record(_executed(tmp_path), "record", "", 1, out_dir=tmp_path / "runs", declared={"seed": 5})
+
+
+def test_a_fingerprint_must_be_a_complete_ci_run_of_the_same_code(tmp_path: Path) -> None:
+    from record_run import add_fingerprint, teaching_fingerprint
+
+    out = record(_executed(tmp_path), "record", "", 1, out_dir=tmp_path / "runs")
+    data = json.loads(out.read_text())
+    with pytest.raises(ValueError, match="injected parameters"):
+        teaching_fingerprint(_executed(tmp_path), data["chapter"], data["code_hash"], "c", "now")
+    with pytest.raises(ValueError, match="other chapter code"):
+        teaching_fingerprint(_teaching_copy(tmp_path), data["chapter"], "0" * 16, "c", "now")
+    with pytest.raises(ValueError, match="is not an executed"):
+        teaching_fingerprint(_teaching_copy(tmp_path), "01_ntk", data["code_hash"], "c", "now")
+    add_fingerprint(out, _teaching_copy(tmp_path), "afterwards")
+    assert json.loads(out.read_text())["teaching_fingerprint"]["made"] == "afterwards"
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
+def test_every_record_has_a_teaching_fingerprint(path: Path) -> None:
+    """Without one, whether a record is current cannot be told (the scorecard then says so)."""
+    data = json.loads(path.read_text())
+    stored = data.get("teaching_fingerprint") or {}
+    assert stored.get("values") and stored.get("commit") == data["commit"], f"{path.name}: no teaching fingerprint"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", RECORDS, ids=[p.stem for p in RECORDS])
+def test_record_is_current(path: Path, executed_chapters, executed_dir) -> None:
+    """A record is current while its numbers would be the same if it ran today: this run's teaching
+    values agree with the record's fingerprint (timings left out) and the profile still has the
+    record's parameters. A change that moves a teaching number stales the record: re-record it
+    (make record), or undo the change."""
+    from glued import read_glued
+    from nnk_book.records import machine_dependent, record_currency
+
+    data = json.loads(path.read_text())
+    result = executed_chapters.get(data["chapter"])
+    if result is None or not result.ok:
+        pytest.skip(f"{data['chapter']} did not run here (test_chapter_executes says why)")
+    profiles = yaml.safe_load((ROOT / "book" / "profiles.yaml").read_text())
+    wanted = ((profiles.get(data["profile"]) or {}).get(data["chapter"]) or {}).get("parameters") or {}
+    key = json.loads((executed_dir / f"{data['chapter']}.key").read_text())
+    current, why = record_currency(data, read_glued(executed_dir / f"{data['chapter']}.ipynb"), wanted,
+                                   list(machine_dependent(data["chapter"])), key.get("threads"))
+    assert current, f"{path.name} is stale: {why}"

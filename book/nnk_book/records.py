@@ -183,7 +183,7 @@ def parameter_deviations(parameters: Mapping[str, Any], profile: Mapping[str, An
 
 def record_currency(data: Mapping[str, Any], teaching: Mapping[str, Any] | None,
                     profile_parameters: Mapping[str, Any] | None,
-                    patterns: Sequence[str] = ()) -> tuple[bool | None, str | None]:
+                    patterns: Sequence[str] = (), threads: int | None = None) -> tuple[bool | None, str | None]:
     """Whether a record is current: its numbers would be the same if it ran today.
 
     A record stores the teaching-scale values of the commit it ran at (``teaching_fingerprint``).
@@ -191,7 +191,9 @@ def record_currency(data: Mapping[str, Any], teaching: Mapping[str, Any] | None,
     :data:`FINGERPRINT_RTOL`; names matching ``patterns`` left out) and its parameters are still
     its profile's (``profile_parameters``) plus the overrides it declared (``set``). Returns
     ``(current, why)``: ``why`` says what changed for a stale record, or why currency cannot be
-    told (``current`` ``None``: no fingerprint, or no teaching run in this build)."""
+    told (``current`` ``None``: no fingerprint, no teaching run in this build, or values that
+    differ where this build's teaching run used another number of threads (``threads``) than
+    the fingerprint's: training in float32 rounds differently per thread count)."""
     if profile_parameters is not None:
         declared = dict(data.get("set") or {})
         moved = parameter_deviations(data.get("parameters", {}), {**profile_parameters, **declared})
@@ -204,6 +206,9 @@ def record_currency(data: Mapping[str, Any], teaching: Mapping[str, Any] | None,
     if teaching is None:
         return None, "this build has no teaching run of the chapter to compare with"
     changes = fingerprint_changes(stored.get("values", {}), teaching, patterns)
+    if changes and threads is not None and stored.get("threads") not in (None, threads):
+        return None, (f"this build ran the chapter at {threads} thread(s), its fingerprint at {stored['threads']}, "
+                      f"and {len(changes)} value(s) differ, as rounding across thread counts can make them")
     if changes:
         shown = changes[:5] + ([f"and {len(changes) - 5} more"] if len(changes) > 5 else [])
         return False, (f"the teaching values changed since commit {stored.get('commit', data.get('commit'))}: "

@@ -125,7 +125,10 @@ def teaching_fingerprint(teaching: Path, chapter: str, code_hash: str, commit: s
         raise ValueError(f"teaching: {teaching} ran other chapter code than the record (code hash "
                          f"{executed_code_hash(nb)} against {code_hash})")
     values = {name: _jsonable(v) for name, v in results_of_this_run(read_glued(teaching)).items()}
-    return {"commit": commit, "made": made, "values": fingerprint(values, list(machine_dependent(chapter)))}
+    key = Path(teaching).with_suffix(".key")  # run_chapters.py writes the run's thread count beside it
+    threads = json.loads(key.read_text()).get("threads") if key.exists() else None
+    return {"commit": commit, "made": made, "threads": threads,
+            "values": fingerprint(values, list(machine_dependent(chapter)))}
 
 
 def add_fingerprint(record_path: Path, teaching: Path, made: str) -> Path:

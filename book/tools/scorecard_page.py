@@ -87,7 +87,9 @@ def scales_for(chapter: str, teaching: Mapping[str, Any] | None, executed_nb: Pa
             continue
         entry = (profiles.get(profile) or {}).get(chapter) or {}
         wanted = entry.get("parameters") or {}
-        current, why = record_currency(data, teaching, wanted, patterns)
+        key = executed_nb.with_suffix(".key") if executed_nb is not None else None
+        threads = json.loads(key.read_text()).get("threads") if key is not None and key.exists() else None
+        current, why = record_currency(data, teaching, wanted, patterns, threads)
         moved = parameter_deviations(data.get("parameters", {}), wanted)
         deviation = "; ".join(x for x in (_deviation_text(moved) if moved else "",
                                           f"not on a CPU: {entry['not_on_cpu']}" if entry.get("not_on_cpu") else "")
@@ -185,7 +187,7 @@ def _details(r: sc.ClaimResult) -> str:
     out = [f"<p><b>The claim:</b> {_e(c['statement'])}</p>",
            f'<blockquote class="nnk-quote">“{quote}”<br><span class="nnk-small">{_e(c["where"])}</span></blockquote>',
            f"<p><b>The paper’s setting:</b> {_e(c['setting'])}.",
-           f"<b>Data:</b> the paper: {_e(c['data']['paper'])}; the book: {_e(c['data']['ours'])}"
+           f" <b>Data:</b> the paper: {_e(c['data']['paper'])}; the book: {_e(c['data']['ours'])}"
            + (" (a stand-in)" if c["data"].get("stand_in") else "") + ".</p>"]
     if c.get("value_from"):
         out.append(f"<p><b>The paper’s value:</b> {_e(c['value_from'])}.</p>")
@@ -214,12 +216,25 @@ def _details(r: sc.ClaimResult) -> str:
     return "".join(out)
 
 
+ABBREVIATIONS = ("Fig", "Figs", "Eq", "Eqs", "Sec", "Tab", "e.g", "i.e", "vs", "al", "cf", "App", "approx")
+
+
 def short_statement(text: str, limit: int = 170) -> str:
     """The claim in a few words for its table row: the statement's first clause (the whole
-    statement is folded under the row), cut at a word and marked when still too long."""
+    statement is folded under the row), cut at a word and marked when still too long. A clause
+    ends at '. ', '; ' or ': ' outside parentheses, not after an abbreviation ("Fig. 3")."""
     text = " ".join(str(text).split())
-    m = re.search(r"(?<=[a-z0-9)\]%])(?:[.;:]) (?=\S)", text[40:])
-    first = text[:40 + m.start() + 1] if m else text
+    depth, end = 0, len(text)
+    for i, ch in enumerate(text):
+        depth += ch in "([" and 1 or (-1 if ch in ")]" and depth else 0)
+        if i < 40 or depth or ch not in ".;:" or text[i + 1:i + 2] != " ":
+            continue
+        word = re.split(r"[\s(]", text[:i])[-1]
+        if ch == "." and (word in ABBREVIATIONS or re.fullmatch(r"\d+|[A-Z]", word or "")):
+            continue
+        end = i + (ch == ".")
+        break
+    first = text[:end]
     if len(first) <= limit:
         return first
     return first[:limit].rsplit(" ", 1)[0] + " …"
