@@ -45,7 +45,7 @@ lab: env
 
 record: env
 	@test -n "$(CHAPTERS)" || { echo "make record needs CHAPTERS=\"...\" (a record run takes up to 90 min per chapter)"; exit 2; }
-	$(PY) book/tools/run_chapters.py --profile ci --no-cache --out _build/run $(CHAPTERS)
+	rm -rf _build/run/ci-results; NN_KERNELS_THREADS=1 NN_KERNELS_RESULTS=_build/run/ci-results $(PY) book/tools/run_chapters.py --profile ci --no-cache --out _build/run $(CHAPTERS)
 	$(PY) book/tools/run_chapters.py --profile $(RECORD_PROFILE) --out _build/run $(foreach s,$(SET),--set $(s)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(CHAPTERS)
 	for c in $(CHAPTERS); do $(PY) book/tools/record_run.py _build/run/$(RECORD_PROFILE)/$$c.ipynb --profile $(RECORD_PROFILE) --teaching _build/run/ci/$$c.ipynb $(foreach s,$(SET),--set $(s)) --note "$(NOTE)" || exit 1; done
 
