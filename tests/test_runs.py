@@ -192,14 +192,10 @@ def test_record_predictions_hold_or_are_listed_as_failed(path: Path) -> None:
 
 def expected_at(commit: str, chapter: str) -> dict | None:
     """``tests/expected/<chapter>.yaml`` as it stood at ``commit`` (``None`` when git cannot tell)."""
-    import subprocess
+    from nnk_book.records import file_at
 
-    try:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:tests/expected/{chapter}.yaml"],
-                              capture_output=True, text=True, check=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return yaml.safe_load(text) or {}
+    text = file_at(commit, f"tests/expected/{chapter}.yaml")
+    return None if text is None else (yaml.safe_load(text) or {})
 
 
 def predictions_then(then: dict, profile: str) -> dict:

@@ -82,15 +82,20 @@ def hash_cells(nb: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def file_at(commit: str, path: str) -> str | None:
+    """The text of the repository file ``path`` at ``commit`` (``None`` when git cannot show it)."""
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"],
+                              capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _code_hash_at(commit: str, chapter: str) -> str | None:
     import nbformat
 
-    try:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:chapters/{chapter}.ipynb"],
-                              capture_output=True, text=True, check=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return hash_cells(nbformat.reads(text, as_version=4))
+    text = file_at(commit, f"chapters/{chapter}.ipynb")
+    return None if text is None else hash_cells(nbformat.reads(text, as_version=4))
 
 
 def recorded_run(chapter: str, profile: str = "full") -> dict[str, Any] | None:
