@@ -237,6 +237,7 @@ def test_ratio_or_difference() -> None:
     assert sc.ratio_to_paper(3.0, _claim()) == ("ratio", 1.5)
     assert sc.ratio_to_paper(0.1, _claim(paper_value=0.0, tolerance={"absolute": 1})) == ("difference", 0.1)
     assert sc.ratio_to_paper(-1.0, _claim()) == ("difference", -3.0)
+    assert sc.ratio_to_paper(2.5, _claim(tolerance={"absolute": 1})) == ("difference", 0.5)
     assert sc.ratio_to_paper(True, _claim(tolerance={"equals": True})) is None
     assert sc.ratio_to_paper(None, _claim()) is None
 

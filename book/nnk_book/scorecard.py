@@ -348,15 +348,16 @@ def claim_status(claim: Mapping[str, Any], scales: Sequence[Scale]) -> ClaimResu
 
 def ratio_to_paper(value: Any, claim: Mapping[str, Any]) -> tuple[str, float] | None:
     """``("ratio", ours / paper)`` where both are numbers of the same sign and the paper's is
-    non-zero, ``("difference", ours - paper)`` where a ratio means nothing (paper value 0 or
-    signs differ), ``None`` for a claim without the paper's number or a non-numeric value."""
+    non-zero, ``("difference", ours - paper)`` where a ratio means nothing (paper value 0, signs
+    that differ, or an absolute tolerance), ``None`` for a claim without the paper's number or a
+    non-numeric value."""
     paper = claim.get("paper_value")
     if not (_is_number(value) and _is_number(paper)) or set(claim.get("tolerance") or {"equals": None}) & {"equals", "one_of"}:
         return None
     value, paper = float(value), float(paper)
-    if paper != 0 and value / paper > 0:
+    if paper != 0 and value / paper > 0 and "absolute" not in claim["tolerance"]:
         return "ratio", value / paper
-    return "difference", value - paper
+    return "difference", value - paper  # an absolute tolerance is in the value's own units
 
 
 def count_statuses(results: Iterable[ClaimResult]) -> dict[str, int]:
