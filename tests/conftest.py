@@ -13,16 +13,14 @@ tests skip), and NN_KERNELS_EXECUTED_OUT=/tmp/somewhere keeps the run apart.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "book" / "tools"
-sys.path.insert(0, str(TOOLS))
 
-import run_chapters  # noqa: E402
+import run_chapters  # book/tools is on pytest's pythonpath (pyproject.toml)
 
 EXECUTED_OUT = Path(os.environ.get("NN_KERNELS_EXECUTED_OUT") or run_chapters.DEFAULT_OUT)
 _RUN_RESULTS: list = []

@@ -39,7 +39,6 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_chapters  # noqa: E402
 import scorecard_page  # noqa: E402
 import vendor_assets  # noqa: E402

@@ -46,8 +46,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "book"))
-sys.path.insert(0, str(ROOT))
 from nnk_book.files import write_record_json  # noqa: E402
 from nnk_book.records import chapter_parameters  # noqa: E402
 from nnk_book.stats import mean_interval, verdict  # noqa: E402

@@ -47,7 +47,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "book"))
 from nnk_book.files import atomic_write_text, write_record_json  # noqa: E402
 from nnk_book.records import chapter_parameters  # noqa: E402
 

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "book"))
 from nnk_book.files import write_record_json  # noqa: E402
 from nnk_book.records import chapter_parameters  # noqa: E402
 from nnk_book.stats import mean_interval, verdict  # noqa: E402
