@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import run_chapters
-from glued import glued_names, read_glued
+from nnk_book.results import glued_names, read_glued
 
 EXPECTED = Path(__file__).resolve().parent / "expected"
 CHAPTERS = run_chapters.chapter_names()

@@ -394,7 +394,7 @@ def test_record_is_current(path: Path, executed_chapters, executed_dir) -> None:
     values agree with the record's fingerprint (timings left out) and the profile still has the
     record's parameters. A change that moves a teaching number stales the record: re-record it
     (make record), or undo the change."""
-    from glued import read_glued
+    from nnk_book.results import read_glued
     from nnk_book.records import machine_dependent, record_currency
 
     data = json.loads(path.read_text())

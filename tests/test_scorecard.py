@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 import scorecard_page
-from glued import read_glued
+from nnk_book.results import read_glued
 from nnk_book import scorecard as sc
 from test_chapters import load_expected
 from test_runs import recorded_name_patterns
