@@ -894,3 +894,9 @@ def test_read_glued_reads_back_what_recorder_glued(tmp_path) -> None:
     nbformat.write(nb, str(path))
     assert read_glued(path) == {"x": 0.25, "w": "tied", "n": 3}
     assert glued_names(path) == ["x", "w", "n", "x"]
+
+
+def test_a_check_applies_only_where_its_conditions_hold() -> None:
+    check = checks.parse({"min": 0, "when": {"flag": True}})
+    assert checks.applies(check, {"flag": True}) and not checks.applies(check, {"flag": False})
+    assert not checks.applies(check, {}) and checks.applies(checks.parse({"min": 0}), {})

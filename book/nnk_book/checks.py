@@ -237,6 +237,12 @@ def _side(x: float, h: float, b: _Bound) -> bool | None:
     return False if (outside or h == 0) else None
 
 
+def applies(check: Check, glued: Mapping[str, Any]) -> bool:
+    """Whether the check's ``when`` conditions all hold in ``glued`` (a condition not glued
+    does not hold); a check without ``when`` always applies."""
+    return all(k in glued and glued[k] == v for k, v in check.spec.get("when", {}).items())
+
+
 def evaluate(check: Check, got: Any, glued: Mapping[str, Any] | None = None, *,
              half_width: float | None = None, name: str = "value") -> tuple[bool | None, str]:
     """``(met, why)`` for the value ``got`` of the glued ``name`` against ``check``.
