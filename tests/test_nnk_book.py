@@ -839,10 +839,9 @@ def test_a_bad_check_raises_naming_the_key(spec, key) -> None:
         checks.parse(spec, "here")
 
 
-def test_the_check_names_what_it_reads() -> None:
-    check = checks.parse({"less_than": "b", "verdict_of": {"a": "x", "b": "y"}, "when": {"flag": True}})
-    assert check.names == ("b", "x", "x_hw", "y", "y_hw", "flag")
-    assert check.numeric and not checks.parse({"equals": 1}).numeric
+def test_a_check_knows_whether_it_compares_a_number() -> None:
+    assert checks.parse({"less_than": "b", "when": {"flag": True}}).numeric
+    assert not checks.parse({"equals": 1}).numeric and not checks.parse({"one_of": [1, 2]}).numeric
 
 
 def test_both_claim_files_are_parsed_by_the_one_checker(monkeypatch) -> None:

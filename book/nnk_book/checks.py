@@ -65,16 +65,6 @@ class Check:
         """Whether the check compares a number (then a non-number fails it)."""
         return bool(NUMERIC & set(self.spec))
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The other glued names the check reads (comparisons, intervals, conditions)."""
-        s = self.spec
-        out = [s[k] for k in ("less_than", "greater_than") if k in s]
-        if "verdict_of" in s:
-            out += [n for v in (s["verdict_of"]["a"], s["verdict_of"]["b"]) for n in (v, f"{v}_hw")]
-        out += [n for v in s.get("all_tied_of", ()) for n in (v, f"{v}_hw")]
-        return tuple(out) + tuple(s.get("when", {}))
-
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -275,18 +265,9 @@ def evaluate(check: Check, got: Any, glued: Mapping[str, Any] | None = None, *,
             if side is False:
                 errors.append(shown + bound.words)
             elif side is None:
-                inconclusive.append(f"{shown} straddles an edge:{bound.words}")
+                inconclusive.append(f"{shown} lies across an edge ({bound.words.lstrip(', ')})")
     if errors:
         return False, "; ".join(errors)
     if inconclusive:
         return None, "; ".join(inconclusive)
     return True, f"{name}: holds"
-
-
-def check_glued(name: str, spec: Mapping[str, Any], glued: Mapping[str, Any], where: str = "check") -> tuple[bool | None, str]:
-    """Parse ``spec`` and evaluate it on the glued value ``name`` of ``glued`` (a value not
-    glued fails)."""
-    check = parse(spec, where)
-    if name not in glued:
-        return False, f"{name}: not glued"
-    return evaluate(check, glued[name], glued, name=name)
