@@ -2,8 +2,9 @@
 
 ``book/claims.yaml`` lists the papers' headline claims: the paper's own words (a verbatim
 quote and its place), the glued name that measures each one, the data it is measured on,
-and the tolerance that counts as reproducing it, with the reason for its width. This
-module turns that list plus measured values (the glued values of the executed chapters at
+and the tolerance that counts as reproducing it (a check in the claim language of
+:mod:`nnk_book.checks`, the language of ``tests/expected`` too), with the reason for its
+width. This module turns that list plus measured values (the glued values of the executed chapters at
 teaching scale, and ``book/runs/<chapter>.<profile>.json`` at the larger scales) into one
 status per claim. ``book/tools/scorecard_page.py`` writes the page from it and
 ``tests/test_scorecard.py`` checks both.
