@@ -9,7 +9,6 @@ other tests skip with a pointer to it.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,62 +16,11 @@ import pytest
 import yaml
 
 import run_chapters
-from glued import glued_names, read_glued
+from nnk_book import checks
+from nnk_book.results import glued_names, read_glued
 
 EXPECTED = Path(__file__).resolve().parent / "expected"
 CHAPTERS = run_chapters.chapter_names()
-CRITERIA = {"value", "atol", "rtol", "min", "max", "less_than", "greater_than", "equals", "verdict_of", "all_tied_of", "when"}
-
-
-def _interval(glued: dict[str, Any], name: str) -> tuple[float, float] | None:
-    """The glued mean ``name`` and its 95 % half-width ``name_hw`` (None when either is missing)."""
-    if name not in glued or f"{name}_hw" not in glued:
-        return None
-    return float(glued[name]), float(glued[f"{name}_hw"])
-
-
-def _rule(a: tuple[float, float], b: tuple[float, float], higher_is_better: bool) -> str:
-    """The book's verdict rule (nnk_book.verdict) on glued intervals: 'ahead'/'behind' only
-    when the 95 % intervals separate, else 'tied' (a nan half-width separates from nothing)."""
-    (ma, ha), (mb, hb) = a, b
-    if math.isnan(ha) or math.isnan(hb) or not abs(ma - mb) > ha + hb:
-        return "tied"
-    return "ahead" if (ma > mb) == higher_is_better else "behind"
-
-
-def check_verdict(name: str, got: Any, spec: dict[str, Any], glued: dict[str, Any]) -> list[str]:
-    """``verdict_of: {a, b[, higher_is_better][, word]}``: the glued verdict ``got`` is the one
-    the glued intervals of ``a`` and ``b`` (``a``, ``a_hw``, ``b``, ``b_hw``) give. For a claim
-    whose word changes with the seed, this checks that the word the prose glues is computed
-    from the intervals it sits beside, not which word comes out. With ``word``, ``got`` is a
-    bool: whether the verdict is ``word``."""
-    errors = []
-    if "verdict_of" in spec:
-        v = spec["verdict_of"]
-        a, b = _interval(glued, v["a"]), _interval(glued, v["b"])
-        if a is None or b is None:
-            return [f"{name}: the intervals of {v['a']!r} and {v['b']!r} (and their _hw) were not both glued"]
-        want = _rule(a, b, bool(v.get("higher_is_better", True)))
-        if "word" in v:
-            want = want == v["word"]
-        if got != want:
-            errors.append(f"{name} = {got!r}, but the glued intervals {v['a']} = {a[0]:.4g} ± {a[1]:.3g} and "
-                          f"{v['b']} = {b[0]:.4g} ± {b[1]:.3g} give {want!r}")
-    if "all_tied_of" in spec:
-        names = spec["all_tied_of"]
-        intervals = {n: _interval(glued, n) for n in names}
-        missing = [n for n, i in intervals.items() if i is None]
-        if missing:
-            return errors + [f"{name}: the intervals of {missing} were not glued"]
-        separated = sum(_rule(intervals[a], intervals[b], True) != "tied"
-                        for i, a in enumerate(names) for b in names[i + 1:])
-        if separated == 0 and got != "tied":
-            errors.append(f"{name} = {got!r}, but no pair of {names} separates: expected 'tied'")
-        if separated and not (isinstance(got, str) and got.startswith("not all tied (")
-                              and got.count(";") + 1 == separated):
-            errors.append(f"{name} = {got!r}, but {separated} pair(s) of {names} separate: expected "
-                          f"'not all tied (...)' naming {separated}")
-    return errors
 
 
 def load_expected(chapter: str) -> dict[str, Any]:
@@ -80,41 +28,19 @@ def load_expected(chapter: str) -> dict[str, Any]:
     return yaml.safe_load(path.read_text()) if path.exists() else {}
 
 
-def check_value(name: str, got: Any, spec: dict[str, Any], glued: dict[str, Any]) -> list[str]:
-    """Return the list of violated criteria (empty when the check holds).
+def parse_expected(chapter: str, name: str, spec: Any) -> checks.Check:
+    """The check of ``tests/expected/<chapter>.yaml``'s entry ``name``: its ``claim`` (the
+    sentence of the chapter it guards) aside, a check of :mod:`nnk_book.checks`."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{chapter}/{name}: expected a mapping with a claim and a check, got {spec!r}")
+    return checks.parse({k: v for k, v in spec.items() if k != "claim"}, f"{chapter}/{name}")
 
-    ``when: {other: value}`` makes the check conditional: it applies only to a run whose glued
-    ``other`` equals ``value`` (e.g. a recorded study compared with this run only when the run
-    used the study's settings and seed); the condition's name must be glued.
-    """
-    for other, wanted in spec.get("when", {}).items():
-        if other not in glued:
-            return [f"{name}: the condition's value {other!r} was not glued"]
-        if glued[other] != wanted:
-            return []
-    errors = check_verdict(name, got, spec, glued)
-    if "equals" in spec and got != spec["equals"]:
-        errors.append(f"{name} = {got!r}, expected {spec['equals']!r}")
-    numeric = {"value", "min", "max", "less_than", "greater_than"} & set(spec)
-    if numeric:
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
-            return errors + [f"{name} = {got!r} is not a finite number"]
-    if "value" in spec:
-        tol = spec.get("atol", 0.0) + spec.get("rtol", 0.0) * abs(spec["value"])
-        if abs(got - spec["value"]) > tol:
-            errors.append(f"{name} = {got:.6g}, expected {spec['value']} ± {tol:.3g}")
-    if "min" in spec and got < spec["min"]:
-        errors.append(f"{name} = {got:.6g} < min {spec['min']}")
-    if "max" in spec and got > spec["max"]:
-        errors.append(f"{name} = {got:.6g} > max {spec['max']}")
-    for key, op, word in (("less_than", float.__lt__, "<"), ("greater_than", float.__gt__, ">")):
-        if key in spec:
-            other = glued.get(spec[key])
-            if other is None:
-                errors.append(f"{name}: the compared value {spec[key]!r} was not glued")
-            elif not op(float(got), float(other)):
-                errors.append(f"{name} = {got:.6g} is not {word} {spec[key]} = {other:.6g}")
-    return errors
+
+def check_value(name: str, got: Any, spec: dict[str, Any], glued: dict[str, Any]) -> list[str]:
+    """The violated criteria of the check ``spec`` (a ``tests/expected`` entry) on the glued
+    value ``got`` of ``name``, with every glued value in ``glued`` (empty when it holds)."""
+    met, why = checks.evaluate(parse_expected("check", name, spec), got, glued, name=name)
+    return [] if met else [why]
 
 
 def executed_result(executed_chapters, chapter: str):
@@ -138,16 +64,16 @@ def test_expected_file_is_well_formed(chapter: str) -> None:
     data = load_expected(chapter)
     assert data, f"tests/expected/{chapter}.yaml is missing or empty"
     assert data.get("chapter") == chapter
-    checks = data.get("checks") or {}
-    assert checks, f"{chapter}: no checks"
-    for name, spec in checks.items():
-        assert isinstance(spec.get("claim"), str) and len(spec["claim"]) > 10, (
+    entries = data.get("checks") or {}
+    assert entries, f"{chapter}: no checks"
+    for name, spec in entries.items():
+        assert isinstance(spec, dict) and isinstance(spec.get("claim"), str) and len(spec["claim"]) > 10, (
             f"{chapter}/{name}: each check names the claim of the text it guards")
-        criteria = set(spec) - {"claim"}
-        assert criteria <= CRITERIA, f"{chapter}/{name}: unknown keys {criteria - CRITERIA}"
-        assert criteria - {"atol", "rtol"}, f"{chapter}/{name}: no criterion"
-        if "value" in spec:
-            assert "atol" in spec or "rtol" in spec, f"{chapter}/{name}: value needs atol/rtol"
+        parse_expected(chapter, name, spec)  # ValueError names the key at fault
+    section = data.get("record_checks") or {}
+    for name, spec in section.items():
+        if name not in ("inherit", "scale_specific", "failed"):
+            parse_expected(chapter, f"record_checks/{name}", spec)
 
 
 @pytest.mark.slow

@@ -739,3 +739,163 @@ def test_every_chapter_declares_its_machine_dependent_names() -> None:
         assert "machine_dependent" in yaml.safe_load(path.read_text()), f"{chapter}: declare machine_dependent ({{}} when none)"
         names = machine_dependent(chapter)
         assert all(isinstance(v, str) and v.strip() for v in names.values()), chapter
+
+
+# --------------------------------------------------------------------------- the claim language
+from nnk_book import checks  # noqa: E402
+
+GLUED = {"a": 1.0, "b": 2.0, "flag": True, "x": 0.5, "x_hw": 0.03, "y": 0.4, "y_hw": 0.0, "z": 0.45, "z_hw": 0.2}
+
+
+@pytest.mark.parametrize("spec, met_by, not_met_by", [
+    ({"value": 1.0, "atol": 0.1}, 1.09, 1.11),
+    ({"value": -2.0, "rtol": 0.1}, -2.19, -1.79),
+    ({"value": 1.0, "atol": 0.1, "rtol": 0.1}, 1.19, 1.21),
+    ({"min": 0.0}, 0.0, -1e-9),
+    ({"max": 0.0}, 0.0, 1e-9),
+    ({"min": 0, "max": 1}, 0.5, 1.5),
+    ({"less_than": "b"}, 1.99, 2.0),
+    ({"greater_than": "a"}, 1.01, 1.0),
+    ({"equals": True}, True, False),
+    ({"equals": "tied"}, "tied", "ahead"),
+    ({"equals": 3}, 3.0, 4),
+    ({"one_of": ["ahead", "tied"]}, "tied", "behind"),
+    ({"verdict_of": {"a": "x", "b": "y"}}, "ahead", "tied"),
+    ({"verdict_of": {"a": "x", "b": "y", "higher_is_better": False}}, "behind", "ahead"),
+    ({"verdict_of": {"a": "x", "b": "z"}}, "tied", "ahead"),
+    ({"verdict_of": {"a": "x", "b": "y", "word": "ahead"}}, True, False),
+    ({"all_tied_of": ["x", "z"]}, "tied", "not all tied (x ahead of z)"),
+    ({"all_tied_of": ["x", "y", "z"]}, "not all tied (x ahead of y)", "tied"),
+    ({"min": 2.0, "when": {"flag": True}}, 2.0, 1.0),
+])
+def test_every_kind_of_check_is_met_and_not_met(spec, met_by, not_met_by) -> None:
+    check = checks.parse(spec)
+    met, why = checks.evaluate(check, met_by, GLUED, name="n")
+    assert met is True, why
+    met, why = checks.evaluate(check, not_met_by, GLUED, name="n")
+    assert met is False and why.startswith("n"), why
+
+
+@pytest.mark.parametrize("spec, got, glued, words", [
+    ({"min": 0.0}, float("nan"), {}, "not a finite number"),
+    ({"max": 1.0}, True, {}, "not a finite number"),
+    ({"value": 1.0, "atol": 1.0}, "1.0", {}, "not a finite number"),
+    ({"less_than": "missing"}, 1.0, {}, "was not glued"),
+    ({"less_than": "nan"}, 1.0, {"nan": float("nan")}, "is not <"),
+    ({"verdict_of": {"a": "x", "b": "missing"}}, "tied", GLUED, "not both glued"),
+    ({"all_tied_of": ["x", "missing"]}, "tied", GLUED, "were not glued"),
+    ({"min": 2.0, "when": {"missing": True}}, 3.0, GLUED, "condition"),
+])
+def test_a_missing_or_non_numeric_value_fails(spec, got, glued, words) -> None:
+    met, why = checks.evaluate(checks.parse(spec), got, glued)
+    assert met is False and words in why, why
+
+
+def test_a_condition_that_does_not_hold_makes_the_check_hold_vacuously() -> None:
+    met, why = checks.evaluate(checks.parse({"min": 2.0, "when": {"flag": False}}), 1.0, GLUED)
+    assert met is True and "does not apply" in why
+
+
+@pytest.mark.parametrize("spec, half, expected", [
+    # an interval: all of it inside -> met, none of it -> not met, across an edge -> inconclusive
+    ({"value": -0.5, "atol": 0.1}, (-0.5, 0.05), True), ({"value": -0.5, "atol": 0.1}, (-0.5, 0.15), None),
+    ({"value": -0.5, "atol": 0.1}, (-0.2, 0.05), False), ({"value": -0.5, "atol": 0.1}, (-0.62, 0.05), None),
+    ({"max": -0.5}, (-0.87, 0.04), True), ({"max": -0.5}, (-0.52, 0.04), None), ({"max": -0.5}, (-0.3, 0.1), False),
+    ({"min": 0, "max": 1}, (0.5, 0.6), None), ({"less_than": "b"}, (1.5, 0.6), None), ({"less_than": "b"}, (3.0, 0.6), False),
+    ({"equals": 1.0}, (1.0, 0.5), True),  # an equality ignores the interval
+])
+def test_an_interval_is_judged_as_a_whole(spec, half, expected) -> None:
+    value, h = half
+    assert checks.evaluate(checks.parse(spec), value, GLUED, half_width=h)[0] is expected
+    point = checks.evaluate(checks.parse(spec), value, GLUED)[0]
+    assert point in (True, False)  # a point value is never inconclusive
+
+
+@pytest.mark.parametrize("spec, key", [
+    ({"near": 1}, "near"),
+    ({"value": 1.0}, "value"),
+    ({"atol": 0.1}, "atol"),
+    ({"value": 1.0, "atol": -0.1}, "atol"),
+    ({"value": "one", "rtol": 0.1}, "value"),
+    ({"min": "0"}, "min"),
+    ({"max": float("nan")}, "max"),
+    ({"min": 2, "max": 1}, "min"),
+    ({"less_than": 3}, "less_than"),
+    ({"greater_than": ""}, "greater_than"),
+    ({"equals": [1, 2]}, "equals"),
+    ({"one_of": ["only"]}, "one_of"),
+    ({"one_of": "ab"}, "one_of"),
+    ({"verdict_of": {"a": "x"}}, "verdict_of"),
+    ({"verdict_of": {"a": "x", "b": "y", "word": "better"}}, "word"),
+    ({"verdict_of": {"a": "x", "b": "y", "higher_is_better": "yes"}}, "higher_is_better"),
+    ({"all_tied_of": ["x"]}, "all_tied_of"),
+    ({"when": {"flag": True}}, "criterion"),
+    ({"min": 0, "when": ["flag"]}, "when"),
+    ({}, "criterion"),
+    ([1], "mapping"),
+])
+def test_a_bad_check_raises_naming_the_key(spec, key) -> None:
+    with pytest.raises(ValueError, match=f"here: .*{key}"):
+        checks.parse(spec, "here")
+
+
+def test_a_check_knows_whether_it_compares_a_number() -> None:
+    assert checks.parse({"less_than": "b", "when": {"flag": True}}).numeric
+    assert not checks.parse({"equals": 1}).numeric and not checks.parse({"one_of": [1, 2]}).numeric
+
+
+def test_both_claim_files_are_parsed_by_the_one_checker(monkeypatch) -> None:
+    """tests/expected/*.yaml and book/claims.yaml are read in one language: every check of
+    both goes through :func:`nnk_book.checks.parse`."""
+    import yaml
+
+    from nnk_book import scorecard
+    from test_chapters import CHAPTERS, load_expected, parse_expected
+
+    seen: list[str] = []
+    real = checks.parse
+
+    def spy(spec, where="check"):
+        seen.append(where)
+        return real(spec, where)
+
+    monkeypatch.setattr(checks, "parse", spy)
+    claims = scorecard.validate_claims(yaml.safe_load(scorecard.CLAIMS.read_text()))
+    from_claims = len(seen)  # each claim's tolerance, and again for each null result it judges
+    assert sum(w.startswith("claims.yaml claim") and w.endswith(": tolerance") for w in seen) == len(claims)
+    n = 0
+    for chapter in CHAPTERS:
+        for name, spec in (load_expected(chapter).get("checks") or {}).items():
+            parse_expected(chapter, name, spec)
+            n += 1
+    assert len(seen) - from_claims == n > 0
+    # and the scorecard's judgement is the checker's
+    seen.clear()
+    scorecard.judge(1.0, None, {"tolerance": {"min": 0}})
+    assert seen == ["tolerance"]
+
+
+def test_read_glued_reads_back_what_recorder_glued(tmp_path) -> None:
+    import nbformat.v4 as v4
+    import nbformat
+
+    from nnk_book.results import glued_names, read_glued
+
+    def glue_output(name, text):
+        return v4.new_output("display_data", data={"text/plain": text},
+                             metadata={"scrapbook": {"name": name, "mime_prefix": ""}})
+
+    cell = v4.new_code_cell("record(...)")
+    cell.outputs = [glue_output("x", "np.float64(0.5)"), glue_output("w", "'tied'"), glue_output("n", "3"),
+                    glue_output("x", "0.25"), v4.new_output("stream", name="stdout", text="hello")]
+    nb = v4.new_notebook(cells=[cell])
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, str(path))
+    assert read_glued(path) == {"x": 0.25, "w": "tied", "n": 3}
+    assert glued_names(path) == ["x", "w", "n", "x"]
+
+
+def test_a_check_applies_only_where_its_conditions_hold() -> None:
+    check = checks.parse({"min": 0, "when": {"flag": True}})
+    assert checks.applies(check, {"flag": True}) and not checks.applies(check, {"flag": False})
+    assert not checks.applies(check, {}) and checks.applies(checks.parse({"min": 0}), {})

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 import run_chapters
-from glued import read_glued
+from nnk_book.results import read_glued
 from nbfactory import write_notebook
 
 SPEC = {"budget_s": 120, "parameters": {"n": 3}}

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from record_run import RECORD_META, record, results_of_this_run
-from test_chapters import check_value, load_expected
+from nnk_book import checks as claim_checks
+from test_chapters import load_expected, parse_expected
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = sorted((ROOT / "book" / "runs").glob("*.json"))
@@ -122,12 +123,14 @@ def prediction_outcomes(checks: dict, values: dict) -> tuple[dict[str, list[str]
     nothing about it)."""
     failures, vacuous = {}, []
     for name, spec in checks.items():
-        if spec.get("when") and not all(values.get(k) == v for k, v in spec["when"].items()):
+        check = parse_expected("record", name, spec)
+        if not claim_checks.applies(check, values):
             vacuous.append(name)
             continue
-        errors = [f"{name}: not in the record"] if name not in values else check_value(name, values[name], spec, values)
-        if errors:
-            failures[name] = errors
+        met, why = claim_checks.evaluate(check, values[name], values, name=name) if name in values \
+            else (False, f"{name}: not in the record")
+        if not met:
+            failures[name] = [why]
     return failures, vacuous
 
 
@@ -394,7 +397,7 @@ def test_record_is_current(path: Path, executed_chapters, executed_dir) -> None:
     values agree with the record's fingerprint (timings left out) and the profile still has the
     record's parameters. A change that moves a teaching number stales the record: re-record it
     (make record), or undo the change."""
-    from glued import read_glued
+    from nnk_book.results import read_glued
     from nnk_book.records import machine_dependent, record_currency
 
     data = json.loads(path.read_text())

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 import scorecard_page
-from glued import read_glued
+from nnk_book.results import read_glued
 from nnk_book import scorecard as sc
 from test_chapters import load_expected
 from test_runs import recorded_name_patterns
@@ -33,16 +33,16 @@ CHAPTERS = sorted(p.stem for p in (ROOT / "chapters").glob("*.ipynb"))
 def _claim(**kw):
     base = {"id": "c", "paper": "p", "where": "Table 1", "quote": "q", "statement": "s", "paper_value": 2.0,
             "setting": "x", "data": {"paper": "d", "ours": "d", "stand_in": False}, "chapter": "01_ntk",
-            "section": "sec", "measure": "m", "tolerance": {"relative": 0.1}, "tolerance_why": "w"}
+            "section": "sec", "measure": "m", "tolerance": {"rtol": 0.1}, "tolerance_why": "w"}
     base.update(kw)
     return base
 
 
 # --------------------------------------------------------------------------- the rules
 @pytest.mark.parametrize("tolerance, paper, value, expected", [
-    ({"relative": 0.1}, 2.0, 2.19, True), ({"relative": 0.1}, 2.0, 2.21, False),
-    ({"relative": 0.1}, -0.5, -0.54, True), ({"relative": 0.1}, -0.5, 0.5, False),
-    ({"absolute": 0.1}, -0.5, -0.41, True), ({"absolute": 0.1}, -0.5, -0.39, False),
+    ({"rtol": 0.1}, 2.0, 2.19, True), ({"rtol": 0.1}, 2.0, 2.21, False),
+    ({"rtol": 0.1}, -0.5, -0.54, True), ({"rtol": 0.1}, -0.5, 0.5, False),
+    ({"atol": 0.1}, -0.5, -0.41, True), ({"atol": 0.1}, -0.5, -0.39, False),
     ({"min": 1.0}, None, 1.0, True), ({"min": 1.0}, None, 0.99, False),
     ({"max": 0.03}, 0.0, 0.031, False), ({"min": 0, "max": 1}, None, 0.5, True),
     ({"equals": True}, None, True, True), ({"equals": True}, None, False, False),
@@ -53,16 +53,16 @@ def test_meets_each_rule(tolerance, paper, value, expected) -> None:
     claim = _claim(tolerance=tolerance, paper_value=paper if paper is not None else 1.0)
     assert sc.meets(value, claim) is expected
     # the independent reading of each rule
-    if "relative" in tolerance:
-        assert expected == (abs(value - paper) <= tolerance["relative"] * abs(paper))
+    if "rtol" in tolerance:
+        assert expected == (abs(value - paper) <= tolerance["rtol"] * abs(paper))
 
 
 @pytest.mark.parametrize("tolerance, paper, value, half, expected", [
     # an interval decides: inside -> met, outside -> not met, across an edge -> inconclusive
-    ({"absolute": 0.1}, -0.5, -0.5, 0.05, sc.MET), ({"absolute": 0.1}, -0.5, -0.5, 0.15, sc.INCONCLUSIVE),
-    ({"absolute": 0.1}, -0.5, -0.2, 0.05, sc.NOT_MET), ({"absolute": 0.1}, -0.5, -0.62, 0.05, sc.INCONCLUSIVE),
-    ({"relative": 0.1}, 2.0, 2.1, 0.05, sc.MET), ({"relative": 0.1}, 2.0, 2.1, 0.2, sc.INCONCLUSIVE),
-    ({"relative": 0.1}, -2.0, -2.1, 0.05, sc.MET), ({"relative": 0.1}, 2.0, 3.0, 0.2, sc.NOT_MET),
+    ({"atol": 0.1}, -0.5, -0.5, 0.05, sc.MET), ({"atol": 0.1}, -0.5, -0.5, 0.15, sc.INCONCLUSIVE),
+    ({"atol": 0.1}, -0.5, -0.2, 0.05, sc.NOT_MET), ({"atol": 0.1}, -0.5, -0.62, 0.05, sc.INCONCLUSIVE),
+    ({"rtol": 0.1}, 2.0, 2.1, 0.05, sc.MET), ({"rtol": 0.1}, 2.0, 2.1, 0.2, sc.INCONCLUSIVE),
+    ({"rtol": 0.1}, -2.0, -2.1, 0.05, sc.MET), ({"rtol": 0.1}, 2.0, 3.0, 0.2, sc.NOT_MET),
     ({"max": -0.5}, None, -0.87, 0.04, sc.MET), ({"max": -0.5}, None, -0.52, 0.04, sc.INCONCLUSIVE),
     ({"max": -0.5}, None, -0.3, 0.1, sc.NOT_MET), ({"min": 0, "max": 1}, None, 0.5, 0.6, sc.INCONCLUSIVE),
     ({"min": 1.0}, None, 1.5, None, sc.MET), ({"min": 1.0}, None, 0.5, None, sc.NOT_MET),
@@ -80,8 +80,8 @@ def test_an_interval_decides(tolerance, paper, value, half, expected) -> None:
 
 @pytest.mark.parametrize("tolerance, null", [
     # for every kind of tolerance, a null or wrong result fails it
-    ({"absolute": 0.1}, 0.0),          # paper -0.5: a rate of zero (no decay)
-    ({"relative": 0.1}, -0.25),        # paper -0.5: half the rate
+    ({"atol": 0.1}, 0.0),          # paper -0.5: a rate of zero (no decay)
+    ({"rtol": 0.1}, -0.25),        # paper -0.5: half the rate
     ({"min": 2.0}, 1.0),               # a ratio of one (no gain)
     ({"max": -0.4}, 0.0),              # a slope of zero
     ({"min": 0.9, "max": 1.1}, 0.5),   # half the predicted variance
@@ -94,8 +94,8 @@ def test_each_tolerance_kind_fails_a_null(tolerance, null) -> None:
     assert sc.judge(null, 0.01 if not isinstance(null, (str, bool)) else None, claim) == sc.NOT_MET
     with pytest.raises(ValueError, match="met by its own null"):
         sc.validate_claims({"papers": {"p": {}}, "claims": [
-            _claim(tolerance=tolerance, paper_value=-0.5, null_result={"value": -0.5 if "absolute" in tolerance
-                   or "relative" in tolerance else (1.0 if "min" in tolerance and "max" in tolerance else
+            _claim(tolerance=tolerance, paper_value=-0.5, null_result={"value": -0.5 if "atol" in tolerance
+                   or "rtol" in tolerance else (1.0 if "min" in tolerance and "max" in tolerance else
                    (3.0 if "min" in tolerance else -1.0 if "max" in tolerance else tolerance["equals"])),
                    "what": "a result that meets it"})]})
     sc.validate_claims({"papers": {"p": {}}, "claims": [
@@ -114,9 +114,9 @@ def test_meets_a_number_rule_with_a_word_is_none() -> None:
 
 def test_a_prediction_is_the_reference_when_the_paper_states_no_number() -> None:
     claim = _claim(paper_value=None, paper_text="falls", prediction={"value": -0.5, "why": "Monte Carlo"},
-                   tolerance={"absolute": 0.1})
+                   tolerance={"atol": 0.1})
     assert sc.reference_value(claim) == -0.5 and sc.meets(-0.45, claim) and not sc.meets(0.0, claim)
-    assert "prediction" in sc.format_tolerance(claim) and "paper" in sc.format_tolerance(_claim(tolerance={"absolute": 1}))
+    assert "prediction" in sc.format_tolerance(claim) and "paper" in sc.format_tolerance(_claim(tolerance={"atol": 1}))
     assert sc.ratio_to_paper(-0.45, claim) is None  # no paper number: nothing to divide by
 
 
@@ -145,7 +145,7 @@ def test_every_status() -> None:
     assert sc.claim_status(c, _scales(teaching=1.0)).status == sc.UNEXPLAINED
     explained = _claim(differs={"section": "s", "why": "w"})
     assert sc.claim_status(explained, _scales(teaching=1.0)).status == sc.DIFFERS
-    inconclusive = _claim(interval="m_hw", tolerance={"absolute": 0.1})
+    inconclusive = _claim(interval="m_hw", tolerance={"atol": 0.1})
     r = sc.claim_status(inconclusive, [sc.Scale("teaching", {"m": 2.0, "m_hw": 0.5})])
     assert r.status == sc.INCONCLUSIVE and r.measurements[0].met is None
     # stand-in data: met only there is a status of its own; real_when parameters make it the paper's data
@@ -235,9 +235,9 @@ def test_record_cell_and_provenance_say_run_time_over_all_starts(tmp_path: Path,
 
 def test_ratio_or_difference() -> None:
     assert sc.ratio_to_paper(3.0, _claim()) == ("ratio", 1.5)
-    assert sc.ratio_to_paper(0.1, _claim(paper_value=0.0, tolerance={"absolute": 1})) == ("difference", 0.1)
+    assert sc.ratio_to_paper(0.1, _claim(paper_value=0.0, tolerance={"atol": 1})) == ("difference", 0.1)
     assert sc.ratio_to_paper(-1.0, _claim()) == ("difference", -3.0)
-    assert sc.ratio_to_paper(2.5, _claim(tolerance={"absolute": 1})) == ("difference", 0.5)
+    assert sc.ratio_to_paper(2.5, _claim(tolerance={"atol": 1})) == ("difference", 0.5)
     assert sc.ratio_to_paper(True, _claim(tolerance={"equals": True})) is None
     assert sc.ratio_to_paper(None, _claim()) is None
 
@@ -251,8 +251,8 @@ def test_counts_cover_every_status() -> None:
 
 @pytest.mark.parametrize("change, message", [
     ({"tolerance": {"near": 1}}, "tolerance"),
-    ({"tolerance": {"relative": 0.1}, "paper_value": 0}, "non-zero"),
-    ({"tolerance": {"absolute": 0.1}, "paper_value": None, "paper_text": "x"}, "paper_value or prediction"),
+    ({"tolerance": {"rtol": 0.1}, "paper_value": 0}, "non-zero"),
+    ({"tolerance": {"atol": 0.1}, "paper_value": None, "paper_text": "x"}, "paper_value or prediction"),
     ({"paper": "nope"}, "paper 'nope'"),
     ({"paper_value": None, "tolerance": {"min": 1}}, "paper_text"),
     ({"differs": {"section": "s"}}, "differs"),
@@ -412,8 +412,8 @@ def check_page(executed: Path, out: Path, chapters: list[str]) -> list[str]:
                 outcome = sc.MET if value == tol["equals"] else sc.NOT_MET
             else:
                 ref = claim["paper_value"] if sc._is_number(claim["paper_value"]) else (claim.get("prediction") or {}).get("value")
-                lo, hi = ((ref - tol["absolute"], ref + tol["absolute"]) if "absolute" in tol else
-                          tuple(sorted((ref * (1 - tol["relative"]), ref * (1 + tol["relative"])))) if "relative" in tol
+                lo, hi = ((ref - tol["atol"], ref + tol["atol"]) if "atol" in tol else
+                          tuple(sorted((ref * (1 - tol["rtol"]), ref * (1 + tol["rtol"])))) if "rtol" in tol
                           else (tol.get("min", -math.inf), tol.get("max", math.inf)))
                 outcome = (sc.MET if lo <= value - h and value + h <= hi else
                            sc.NOT_MET if value + h < lo or value - h > hi else sc.INCONCLUSIVE)

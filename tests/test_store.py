@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import run_chapters
-from glued import read_glued
+from nnk_book.results import read_glued
 from nbfactory import write_notebook
 from nnk_book import store as st
 

@@ -4,14 +4,19 @@ Every random draw of a chapter comes from :func:`generator`, keyed by the chapte
 and a few tags that name the experiment, so that adding an experiment never shifts the
 draws of another. Every number the prose quotes goes through :class:`Recorder`, which
 glues it with ``myst_nb.glue`` (the book and the tests read the glued values) and keeps
-it in a dictionary (the "At paper scale" tables read that).
+it in a dictionary (the "At paper scale" tables read that). :func:`read_glued` reads the
+glued values back from an executed notebook, as the tests, the scorecard and the record
+tool do.
 """
 
 from __future__ import annotations
 
+import ast
 import html
 import numbers
+import re
 import zlib
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -79,6 +84,49 @@ class Recorder:
             from myst_nb import glue
 
             glue(name, value, display=False)
+
+
+_NUMPY_SCALAR = re.compile(r"^np\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
+
+
+def _parse_glued(text: str) -> Any:
+    """Turn the ``text/plain`` repr of a glued value back into a Python value."""
+    text = text.strip()
+    m = _NUMPY_SCALAR.match(text)
+    if m:  # numpy 2 reprs scalars as np.float64(0.5)
+        text = m.group(1)
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text.strip("'\"")
+
+
+def _glue_outputs(path: str | Path) -> Iterable[dict[str, Any]]:
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("metadata", {}).get("scrapbook"):
+                yield out
+
+
+def read_glued(path: str | Path) -> dict[str, Any]:
+    """Map each name that :class:`Recorder` (or ``myst_nb.glue``) glued in the executed
+    notebook at ``path`` to its value (the last glue wins, as in myst-nb)."""
+    values: dict[str, Any] = {}
+    for out in _glue_outputs(path):
+        meta = out["metadata"]["scrapbook"]
+        key = meta.get("mime_prefix", "") + "text/plain"
+        if key in out.get("data", {}):
+            values[meta["name"]] = _parse_glued(out["data"][key])
+    return values
+
+
+def glued_names(path: str | Path) -> list[str]:
+    """Every glued name of the executed notebook at ``path`` in execution order, repeats
+    included (myst-nb warns on a repeat)."""
+    return [out["metadata"]["scrapbook"]["name"] for out in _glue_outputs(path)]
 
 
 def html_table(header: Sequence[object], rows: Iterable[Sequence[object]], *, escape: bool = False):

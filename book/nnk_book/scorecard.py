@@ -2,8 +2,9 @@
 
 ``book/claims.yaml`` lists the papers' headline claims: the paper's own words (a verbatim
 quote and its place), the glued name that measures each one, the data it is measured on,
-and the tolerance that counts as reproducing it, with the reason for its width. This
-module turns that list plus measured values (the glued values of the executed chapters at
+and the tolerance that counts as reproducing it (a check in the claim language of
+:mod:`nnk_book.checks`, the language of ``tests/expected`` too), with the reason for its
+width. This module turns that list plus measured values (the glued values of the executed chapters at
 teaching scale, and ``book/runs/<chapter>.<profile>.json`` at the larger scales) into one
 status per claim. ``book/tools/scorecard_page.py`` writes the page from it and
 ``tests/test_scorecard.py`` checks both.
@@ -38,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from nnk_book import checks
+
 ROOT = Path(__file__).resolve().parents[2]
 CLAIMS = ROOT / "book" / "claims.yaml"
 PAPERS = ROOT.parent / "shared" / "papers"
@@ -57,7 +60,9 @@ OUTCOMES = (MET, NOT_MET, INCONCLUSIVE)
 
 #: Scales from smallest to largest: the executed chapters (``ci`` profile) and the recorded runs.
 SCALES = ("teaching", "record", "paper")
-TOLERANCE_KEYS = ({"absolute"}, {"relative"}, {"equals"}, {"one_of"}, {"min"}, {"max"}, {"min", "max"})
+#: the shapes a claim's tolerance takes: checks of :mod:`nnk_book.checks` that accept a set of values
+#: (``atol``/``rtol`` around the paper's value, the claim's ``value``), so that an interval can be judged
+TOLERANCE_KEYS = ({"atol"}, {"rtol"}, {"equals"}, {"one_of"}, {"min"}, {"max"}, {"min", "max"})
 REQUIRED = ("id", "paper", "where", "quote", "statement", "paper_value", "setting", "data", "chapter",
             "section", "measure")
 #: required of a measured claim; a claim the book does not run may state them (what would count)
@@ -178,8 +183,6 @@ def validate_claims(data: Mapping[str, Any], glued_names: Mapping[str, Iterable[
         tol = claim["tolerance"]
         if not isinstance(tol, Mapping) or set(tol) not in TOLERANCE_KEYS:
             raise ValueError(f"{where}: tolerance must be one of {[sorted(k) for k in TOLERANCE_KEYS]}, got {tol!r}")
-        if "one_of" in tol and not (isinstance(tol["one_of"], list) and len(tol["one_of"]) >= 2):
-            raise ValueError(f"{where}: tolerance one_of needs a list of at least two accepted values")
         if claim.get("refutes_only") not in (None, True):
             raise ValueError(f"{where}: refutes_only is true or absent")
         if not (isinstance(claim.get("tolerance_why"), str) and claim["tolerance_why"].strip()):
@@ -190,10 +193,11 @@ def validate_claims(data: Mapping[str, Any], glued_names: Mapping[str, Iterable[
         if prediction is not None and not (isinstance(prediction, Mapping) and _is_number(prediction.get("value"))
                                            and prediction.get("why")):
             raise ValueError(f"{where}: prediction needs a numeric 'value' and a 'why'")
-        if set(tol) & {"absolute", "relative"} and reference_value(claim) is None:
-            raise ValueError(f"{where}: an absolute or relative tolerance needs a numeric paper_value or prediction")
-        if "relative" in tol and reference_value(claim) == 0:
-            raise ValueError(f"{where}: a relative tolerance needs a non-zero paper_value")
+        if set(tol) & {"atol", "rtol"} and reference_value(claim) is None:
+            raise ValueError(f"{where}: an atol or rtol tolerance needs a numeric paper_value or prediction")
+        if "rtol" in tol and reference_value(claim) == 0:
+            raise ValueError(f"{where}: an rtol tolerance needs a non-zero paper_value")
+        tolerance_check(claim, f"{where}: tolerance")
         if claim["paper_value"] is None and not claim.get("paper_text"):
             raise ValueError(f"{where}: a claim without paper_value needs paper_text")
         d = claim["data"]
@@ -238,18 +242,25 @@ def _usable(value: Any) -> bool:
         and not (isinstance(value, float) and not math.isfinite(value))
 
 
+def tolerance_check(claim: Mapping[str, Any], where: str = "tolerance") -> checks.Check:
+    """The claim's tolerance as a check of :mod:`nnk_book.checks` (the language of
+    ``tests/expected`` too): ``atol``/``rtol`` are around :func:`reference_value`, the
+    check's ``value``. ``ValueError`` names the key at fault."""
+    spec = dict(claim["tolerance"])
+    if set(spec) & {"atol", "rtol"}:
+        spec["value"] = reference_value(claim)
+    return checks.parse(spec, where)
+
+
 def allowed_range(claim: Mapping[str, Any]) -> tuple[float, float] | None:
     """The closed interval of values a numeric tolerance accepts (``None`` for ``equals``)."""
     tol = claim["tolerance"]
     if "equals" in tol or "one_of" in tol:
         return None
-    if "absolute" in tol:
-        ref, a = reference_value(claim), float(tol["absolute"])
-        return ref - a, ref + a
-    if "relative" in tol:
-        ref, r = reference_value(claim), float(tol["relative"])
-        ends = sorted((ref * (1 - r), ref * (1 + r)))
-        return ends[0], ends[1]
+    if set(tol) & {"atol", "rtol"}:
+        ref = float(reference_value(claim))
+        half = float(tol.get("atol", 0.0)) + float(tol.get("rtol", 0.0)) * abs(ref)
+        return ref - half, ref + half
     return float(tol.get("min", -math.inf)), float(tol.get("max", math.inf))
 
 
@@ -262,21 +273,11 @@ def judge(value: Any, half_width: Any, claim: Mapping[str, Any]) -> str | None:
     interval across an edge is inconclusive."""
     if not _usable(value):
         return None
-    tol = claim["tolerance"]
-    if "equals" in tol or "one_of" in tol:
-        wanted = tol["one_of"] if "one_of" in tol else [tol["equals"]]
-        same = [float(value) == float(w) if _is_number(w) and _is_number(value) else value == w for w in wanted]
-        return MET if any(same) else NOT_MET
-    if not _is_number(value):
+    check = tolerance_check(claim)
+    if check.numeric and not _is_number(value):
         return None
-    lo, hi = allowed_range(claim)
-    v = float(value)
-    h = abs(float(half_width)) if _is_number(half_width) else 0.0
-    if lo <= v - h and v + h <= hi:
-        return MET
-    if v + h < lo or v - h > hi:
-        return NOT_MET
-    return INCONCLUSIVE
+    met, _ = checks.evaluate(check, value, half_width=half_width if _is_number(half_width) else None)
+    return INCONCLUSIVE if met is None else MET if met else NOT_MET
 
 
 def meets(value: Any, claim: Mapping[str, Any]) -> bool | None:
@@ -339,7 +340,7 @@ def claim_status(claim: Mapping[str, Any], scales: Sequence[Scale]) -> ClaimResu
     trend = None
     first = counted[0]
     tol = claim.get("tolerance") or {}
-    if first is not last and set(tol) & {"absolute", "relative"}:  # a distance to a number means something
+    if first is not last and set(tol) & {"atol", "rtol"}:  # a distance to a number means something
         d0, d1 = _distance(first.value, claim), _distance(last.value, claim)
         if d0 is not None and d1 is not None:
             trend = "toward" if d1 < d0 else "away from" if d1 > d0 else "unchanged"
@@ -349,13 +350,13 @@ def claim_status(claim: Mapping[str, Any], scales: Sequence[Scale]) -> ClaimResu
 def ratio_to_paper(value: Any, claim: Mapping[str, Any]) -> tuple[str, float] | None:
     """``("ratio", ours / paper)`` where both are numbers of the same sign and the paper's is
     non-zero, ``("difference", ours - paper)`` where a ratio means nothing (paper value 0, signs
-    that differ, or an absolute tolerance), ``None`` for a claim without the paper's number or a
+    that differ, or an absolute tolerance, ``atol``), ``None`` for a claim without the paper's number or a
     non-numeric value."""
     paper = claim.get("paper_value")
     if not (_is_number(value) and _is_number(paper)) or set(claim.get("tolerance") or {"equals": None}) & {"equals", "one_of"}:
         return None
     value, paper = float(value), float(paper)
-    if paper != 0 and value / paper > 0 and "absolute" not in claim["tolerance"]:
+    if paper != 0 and value / paper > 0 and "atol" not in claim["tolerance"]:
         return "ratio", value / paper
     return "difference", value - paper  # an absolute tolerance is in the value's own units
 
@@ -387,10 +388,10 @@ def format_tolerance(claim: Mapping[str, Any]) -> str:
     """The tolerance in words, as shown on the page."""
     tol = claim["tolerance"]
     whose = "the paper" if _is_number(claim.get("paper_value")) else "the book's prediction"
-    if "absolute" in tol:
-        return f"within ±{format_value(tol['absolute'])} of {whose}"
-    if "relative" in tol:
-        return f"within {100 * float(tol['relative']):.0f} % of {whose}"
+    if "atol" in tol:
+        return f"within ±{format_value(tol['atol'])} of {whose}"
+    if "rtol" in tol:
+        return f"within {100 * float(tol['rtol']):.0f} % of {whose}"
     if "equals" in tol:
         return f"= {format_value(tol['equals'])}"
     if "one_of" in tol:

@@ -25,7 +25,6 @@ import os
 import platform
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +32,9 @@ import nbformat
 
 from nnk_book.records import RECORD_META, fingerprint, hash_cells, machine_dependent
 from nnk_book.files import atomic_write_text
+from nnk_book.results import read_glued
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from glued import read_glued  # noqa: E402
 
 RUNS = ROOT / "book" / "runs"
 

@@ -25,7 +25,7 @@ import nbformat
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from glued import read_glued  # noqa: E402
+from nnk_book.results import read_glued  # noqa: E402
 
 from nnk_book import scorecard as sc  # noqa: E402
 from nnk_book.files import atomic_write_text  # noqa: E402
