@@ -332,14 +332,15 @@ def test_record_survives_a_full_disk(tmp_path: Path) -> None:
     script = (
         "import resource, signal, sys\n"
         "from pathlib import Path\n"
-        f"sys.path.insert(0, {str(ROOT / 'book' / 'tools')!r})\n"
         "from record_run import record\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (400, 400))\n"
         f"record(Path({str(tmp_path / 'executed.ipynb')!r}), 'full', 'new ' + 'y' * 600, 2, out_dir=Path({str(runs)!r}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
+                                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "book" / "tools"),
+                                                                            os.environ.get("PYTHONPATH")]))))
     assert proc.returncode != 0 and "OSError" in proc.stderr, proc.stderr[-2000:]
     assert old.read_bytes() == before, "the previous record was damaged"
     json.loads(old.read_text())

@@ -17,20 +17,17 @@ import argparse
 import html
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import nbformat
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nnk_book.results import read_glued  # noqa: E402
-
-from nnk_book import scorecard as sc  # noqa: E402
-from nnk_book.files import atomic_write_text  # noqa: E402
-from nnk_book.records import (EXPECTED, chapter_parameters, machine_dependent, parameter_deviations,  # noqa: E402
+from nnk_book import scorecard as sc
+from nnk_book.files import atomic_write_text
+from nnk_book.records import (EXPECTED, chapter_parameters, machine_dependent, parameter_deviations,
                               record_currency, recorded_run, run_seconds, run_starts)
+from nnk_book.results import read_glued
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "book" / "profiles.yaml"
