@@ -1,8 +1,8 @@
 """Speed of the compiled FWHT against FFHT, the fastest installable CPU Hadamard transform.
 
 Chapter 5 (``chapters/05_lookupffn.ipynb``, section "The fast Walsh-Hadamard transform")
-derives the transform; issue 15 asks that ours be at least as fast as the strongest
-third-party implementation at every size a model uses.
+derives the transform. The goal: ours at least as fast as the strongest third-party
+implementation at every size a model uses.
 
     python -m benchmarks.bench_fwht          # full grid, 1 and 2 threads: results/bench_fwht.{json,md}
     python -m benchmarks.bench_fwht --quick  # a few shapes, prints only (files with --out DIR)
@@ -212,7 +212,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     below = [r for r in rows if r.get("goal") and not r["goal_met"]]
     notes = "\n\n".join(
         [grid_table(rows, t, ffht_label, copies[t]["gbps"]) for t in threads_list]
-        + [f"Goal (issue 15): {GOAL} at every shape and thread count; "
+        + [f"Goal: {GOAL} at every shape and thread count; "
            + (f"met at {len(rows) - len(below)} of {len(rows)} rows." if ffht is not None
               else "not checked: FFHT not installed.")
            + (" Below 1.0x: " + ", ".join(f"d={r['d']} batch={r['batch']} {r['threads']}T "

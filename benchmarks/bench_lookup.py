@@ -53,7 +53,7 @@ excluded; the load average is recorded at the start and the end):
     as the gather was tried and dropped: many short parallel reductions on a loaded
     two-core machine measure thread stalls, not bandwidth.)
 
-Goals (issue 5): ``fwht`` >= 10x faster than the dense Hadamard matmul at d = 4096,
+Goals: ``fwht`` >= 10x faster than the dense Hadamard matmul at d = 4096,
 batch 4096; LookupFFN inference >= 2.5x faster than VanillaFFN at the paper setting
 where it is strongest; the gather at >= 70 % of its bandwidth roofline.
 """

@@ -47,9 +47,9 @@ in MiB. For the dense product the measured call builds the ``(16, n, n)`` matric
 the coefficients and multiplies (the memory the method needs); for the mixers it is
 one forward + backward.
 
-Goals: issue 3 -- FFT matvec >= 20x faster than dense at n = 4096; SKI-TNO >= 2x faster
-than TNO (fwd+bwd) at n = 4096; bidirectional FD-TNO faster than TNO at n = 2048.
-Issue 15 -- causal FD-TNO >= 1.1x the causal TNO (fwd+bwd) at n = 2048.
+Goals: FFT matvec >= 20x faster than dense at n = 4096; SKI-TNO >= 2x faster
+than TNO (fwd+bwd) at n = 4096; bidirectional FD-TNO faster than TNO at n = 2048;
+causal FD-TNO >= 1.1x the causal TNO (fwd+bwd) at n = 2048.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _goal(case: str, n: int) -> tuple[Optional[str], Optional[float]]:
     if case == "fd_bidirectional" and n == 2048:
         return "faster than TNO (fwd+bwd) at n = 2048 (paper: 10-15 %)", 1.0
     if case == "fd_causal" and n == 2048:
-        return ">= 1.1x the causal TNO (fwd+bwd) at n = 2048 (issue 15)", 1.1
+        return ">= 1.1x the causal TNO (fwd+bwd) at n = 2048", 1.1
     return None, None
 
 

@@ -32,7 +32,7 @@ def check_clear(exc: BaseException, *names: str) -> None:
     assert any(name in str(exc) for name in names), f"the message names none of {names}: {exc}"
 
 
-# --------------------------------------------------------------------- the API sweep (issue 30)
+# ------------------------------------------------------------------------------- the API sweep
 import inspect  # noqa: E402
 import math  # noqa: E402
 

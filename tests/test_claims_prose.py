@@ -1,4 +1,4 @@
-"""The prose states no ordering and no result that the page did not compute (issue 31, points 1 and 3).
+"""The prose states no ordering and no result that the page did not compute.
 
 Two static checks on every chapter's Markdown cells, sentence by sentence (code spans, display
 maths, code fences and directive options are removed first; inline maths is kept):

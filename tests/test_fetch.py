@@ -1,4 +1,4 @@
-"""data_scripts.fetch against a local HTTP server that drops connections (issue 14, item 5).
+"""data_scripts.fetch against a local HTTP server that drops connections.
 
 The server listens on 127.0.0.1 only, answers a bounded number of requests and is shut
 down by the fixture (and by a watchdog timer if a test hangs), so it always stops by
@@ -184,7 +184,7 @@ def test_bad_cached_file_is_named_with_the_command_to_fix_it(tmp_path: Path) -> 
 
 def test_unrecorded_truncated_cached_file_is_refused_with_the_removal_command(tmp_path: Path) -> None:
     # A file put in the cache by hand (or by an older version) has no pinned checksum and
-    # no record: its length is compared with the server's Content-Length (issue 30).
+    # no record: its length is compared with the server's Content-Length.
     dest = tmp_path / "cache" / "data.bin"
     dest.parent.mkdir()
     dest.write_bytes(PAYLOAD[: len(PAYLOAD) // 2])

@@ -72,7 +72,7 @@ def test_parameters_cell_is_teaching_scale_and_larger_profiles_change_it(path: P
 
 
 def test_profiles_are_the_three_scales() -> None:
-    """Issue 29: ci (teaching), record (about 90 min per chapter on two cores), paper; a
+    """Three scales: ci (teaching), record (about 90 min per chapter on two cores), paper; a
     record run fits its budget of 90 min; ``full`` is only an alias of ``paper``."""
     import yaml
 

@@ -1,4 +1,4 @@
-"""The reproduction scorecard (issue 29): the claims list, the status logic, and the page
+"""The reproduction scorecard: the claims list, the status logic, and the page
 against the executed chapters and the recorded runs.
 
 ``book/claims.yaml`` is the one list of the papers' claims; ``nnk_book.scorecard`` computes

@@ -245,7 +245,7 @@ def _wanted(chapter: str) -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _wanted("01_ntk"), reason="NN_KERNELS_TEST_CHAPTERS leaves out 01_ntk")
 def test_chapter_one_killed_midway_resumes_with_the_same_glued_values(tmp_path) -> None:
-    """Issue 28: chapter 1, run through the runner with an empty store, is stopped with Ctrl-C once
+    """Chapter 1, run through the runner with an empty store, is stopped with Ctrl-C once
     some of its explorer's configurations are stored; the rerun reads back every configuration
     stored before the stop, computes the rest, and glues what an uninterrupted run glues."""
     env = {**os.environ, "NN_KERNELS_THREADS": "1"}
@@ -405,7 +405,7 @@ def test_two_chapters_and_their_configurations_on_the_cluster(cluster, toy_proje
 @pytest.mark.slow
 @pytest.mark.skipif(not _wanted("01_ntk"), reason="NN_KERNELS_TEST_CHAPTERS leaves out 01_ntk")
 def test_chapter_one_on_the_cluster_glues_what_the_local_run_glues(cluster, tmp_path) -> None:
-    """Issue 28, both levels on a real chapter: chapter 1 (small settings) is sent to the 2-worker
+    """Both levels on a real chapter: chapter 1 (small settings) is sent to the 2-worker
     cluster as a job, its sweeps' configurations are computed by the cluster's workers, and it
     glues what the same chapter run locally glues, wall-clock timings aside."""
     env = {**os.environ, "NN_KERNELS_THREADS": "1"}

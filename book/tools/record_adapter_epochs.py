@@ -1,4 +1,4 @@
-"""Record chapter 2's adapter comparison over training lengths (issue 31, point 4).
+"""Record chapter 2's adapter comparison over training lengths.
 
     python book/tools/record_adapter_epochs.py --epochs 240
 

@@ -1,4 +1,4 @@
-"""Why MLP fusion's NTK error does not rank first (issue 29, point 5b): one factor at a time.
+"""Why MLP fusion's NTK error does not rank first: one factor at a time.
 
     python book/tools/record_fusion_ntk_study.py                  # the default grid, ~10 CPU-minutes
     python book/tools/record_fusion_ntk_study.py --ks 384 --sentences 16 --scopes ffn

@@ -1,5 +1,5 @@
 """Record chapter 5's language-model comparison at longer training lengths, and its
-learning-rate sweep (issue 31, points 3 and 4).
+learning-rate sweep.
 
     python book/tools/record_lm_lengths.py                       # lengths 1200, 2400, 4800
     python book/tools/record_lm_lengths.py --steps 1200 2400 --lrs 0.01 0.03 0.1

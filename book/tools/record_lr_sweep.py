@@ -1,4 +1,4 @@
-"""Record chapter 4's learning-rate sweep (issue 31, point 3).
+"""Record chapter 4's learning-rate sweep.
 
     python book/tools/record_lr_sweep.py
 

@@ -1,4 +1,4 @@
-"""Why the SNNK-SIREN differs from the paper's Fig. 3 (issue 29, point 5a): one factor at a time.
+"""Why the SNNK-SIREN differs from the paper's Fig. 3: one factor at a time.
 
     python book/tools/record_siren_study.py                       # the default grid, ~10 CPU-minutes
     python book/tools/record_siren_study.py --widths 24 48 --sizes 48 --steps 600 1200
