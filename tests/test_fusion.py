@@ -119,11 +119,11 @@ def test_kmeans_deterministic_and_close_to_sklearn():
 def test_kmeans_gram_seeding_equals_direct_distances(monkeypatch, n, d, k, n_init):
     # k-means++ seeds from the points' Gram matrix when it fits (chapter 6's speed-up); the
     # direct distances (the path for large n) must give the same clustering
-    import kernels.fusion as fusion
+    import kernels.fusion.clustering as clustering
 
     x = torch.randn(n, d, generator=torch.Generator().manual_seed(n + k), dtype=torch.float64)
     with_gram = kmeans(x, k, n_init=n_init, generator=torch.Generator().manual_seed(3))
-    monkeypatch.setattr(fusion, "_GRAM_MAX_ENTRIES", 0)
+    monkeypatch.setattr(clustering, "_GRAM_MAX_ENTRIES", 0)
     direct = kmeans(x, k, n_init=n_init, generator=torch.Generator().manual_seed(3))
     assert torch.equal(with_gram.labels, direct.labels)
     assert torch.allclose(with_gram.centroids, direct.centroids, rtol=0, atol=1e-12)
