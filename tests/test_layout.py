@@ -207,7 +207,7 @@ PUBLIC_API = {
         "call_user_code",
     ],
     "kernels._ext": [
-        "DEBUG_ENV_VAR", "DEFAULT_TIMEOUT_S", "SOURCE", "TIMEOUT_ENV_VAR", "build",
+        "DEBUG_ENV_VAR", "DEFAULT_TIMEOUT_S", "HEADERS", "SOURCE", "SOURCES", "TIMEOUT_ENV_VAR", "build",
         "build_directory", "build_timeout", "cpp_errors_propagate", "extension_available",
         "load_extension",
     ],
