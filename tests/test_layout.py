@@ -222,14 +222,14 @@ PUBLIC_API = {
         "spectrum_from_name",
     ],
     "kernels.ffn": [
-        "FFN", "FFNModule", "FFNSite", "REPLACEMENTS", "bert_snnk_counts", "budget_for_hidden",
+        "FFN", "FFNSite", "REPLACEMENTS", "bert_snnk_counts", "budget_for_hidden",
         "capture_ffn_io", "distill", "find_ffn_sites", "multiply_adds", "parameter_count",
         "replace_block_diagonal", "replace_bundled_snnk", "replace_ffn", "replace_ffns",
         "replace_fusion", "replace_fusion_tuned", "replace_lookup", "replace_moe_top1",
         "replace_original", "replace_prune", "replace_random", "replace_snnk", "replace_svd",
     ],
     "kernels.fusion": [
-        "CompressedLinear", "FFNBlock", "KMeansResult", "LowRankLinear", "METHODS", "MMDSupport",
+        "CompressedLinear", "KMeansResult", "LowRankLinear", "METHODS", "MMDSupport",
         "averaging_matrix", "clustering_matrix", "compress_mlp", "compress_model",
         "compress_sequential", "ffn_output_error", "find_ffn_blocks", "fuse_mlp", "kernel_cosine",
         "kernel_error", "kmeans", "layerwise_tuning", "mlp_gradients", "mlp_parameter_count",
@@ -237,7 +237,7 @@ PUBLIC_API = {
         "sub_mlp_embeddings", "svd_rank_for_budget",
     ],
     "kernels.fusion.blocks": [
-        "FFNBlock", "compress_model", "compress_sequential", "find_ffn_blocks",
+        "compress_model", "compress_sequential", "find_ffn_blocks",
         "mlp_parameter_count",
     ],
     "kernels.fusion.clustering": [
@@ -315,7 +315,7 @@ PUBLIC_API = {
         "count_trainable", "least_squares", "make_feature_map", "ridge_cv", "with_bundled_ffn",
     ],
     "kernels.surgery": [
-        "FFN", "FFNModule", "FFNSite", "bert_layers", "capture_ffn_io", "find_ffn_sites",
+        "FFN", "FFNSite", "bert_layers", "capture_ffn_io", "find_ffn_sites",
         "is_linear", "replace_ffn", "replace_ffns", "set_submodule",
     ],
     "kernels.toeplitz": [
@@ -393,7 +393,7 @@ def test_split_packages_export_every_name_of_their_parts(package: str) -> None:
 def test_surgery_and_compressed_layers_are_the_same_objects_everywhere() -> None:
     from kernels import ffn, fusion, linear, snnk, surgery
 
-    for attr in ("FFN", "FFNSite", "FFNModule", "find_ffn_sites", "capture_ffn_io", "replace_ffn", "replace_ffns"):
+    for attr in ("FFN", "FFNSite", "find_ffn_sites", "capture_ffn_io", "replace_ffn", "replace_ffns"):
         assert getattr(ffn, attr) is getattr(surgery, attr)
     assert fusion.CompressedLinear is linear.CompressedLinear and fusion.LowRankLinear is linear.LowRankLinear
     assert ffn.bert_snnk_counts is snnk.bert_snnk_counts

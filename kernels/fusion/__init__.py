@@ -80,7 +80,6 @@ from kernels.fusion.compress import (
     mmd_support,
 )
 from kernels.fusion.blocks import (
-    FFNBlock,
     compress_sequential,
     find_ffn_blocks,
     compress_model,
@@ -104,7 +103,6 @@ __all__ = [
     "CompressedLinear",
     "LowRankLinear",
     "KMeansResult",
-    "FFNBlock",
     "sub_mlp_embeddings",
     "kmeans",
     "clustering_matrix",

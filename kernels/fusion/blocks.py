@@ -11,55 +11,27 @@ one with :func:`kernels.fusion.compress.compress_mlp` (:func:`compress_sequentia
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from kernels.linear import LowRankLinear
-from kernels.surgery import bert_layers, find_ffn_sites
+from kernels.surgery import FFN, FFNSite, bert_layers, find_ffn_sites, set_submodule
 from kernels.fusion.clustering import KMeansResult, _generator
 from kernels.fusion.compress import compress_mlp
 
 __all__ = [
-    "FFNBlock",
     "compress_sequential",
     "find_ffn_blocks",
     "compress_model",
     "mlp_parameter_count",
 ]
 
-# FFN blocks of models
-# --------------------------------------------------------------------------------------
 
-
-@dataclass
-class FFNBlock:
-    """Where one FFN sits in a model: ``linear1`` is ``getattr(owner1, name1)``,
-    ``linear2`` is ``getattr(owner2, name2)``, with ``activation`` between them."""
-
-    owner1: nn.Module
-    name1: str
-    owner2: nn.Module
-    name2: str
-    activation: Callable[[Tensor], Tensor]
-
-    @property
-    def linear1(self) -> nn.Module:
-        return getattr(self.owner1, self.name1)
-
-    @property
-    def linear2(self) -> nn.Module:
-        return getattr(self.owner2, self.name2)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """The FFN alone: ``linear2(activation(linear1(x)))``."""
-        return self.linear2(self.activation(self.linear1(x)))
-
-
-def find_ffn_blocks(model: nn.Module) -> list[FFNBlock]:
-    """The FFN blocks of ``model``, bottom to top (found by :func:`kernels.surgery.find_ffn_sites`).
+def find_ffn_blocks(model: nn.Module) -> list[FFN]:
+    """The FFN blocks of ``model``, bottom to top, as :class:`kernels.surgery.FFN` (the
+    model's own layers, no copies; found by :func:`kernels.surgery.find_ffn_sites`).
 
     Supported structures: an ``nn.Sequential(Linear(p, p_I), activation, Linear(p_I, p))``
     (one block), and a BERT-style transformer (``transformers`` ``BertModel`` and
@@ -72,6 +44,11 @@ def find_ffn_blocks(model: nn.Module) -> list[FFNBlock]:
         TypeError: ``model`` is not an ``nn.Module``.
         ValueError: no FFN of the expected structure, naming what was looked for.
     """
+    return [s.ffn for s in _block_sites(model)]
+
+
+def _block_sites(model: nn.Module) -> list[FFNSite]:
+    """The sites of :func:`find_ffn_blocks`'s blocks (checked as it documents)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, nn.Sequential) and len(model) != 3:
@@ -96,18 +73,7 @@ def find_ffn_blocks(model: nn.Module) -> list[FFNBlock]:
                 "expected encoder.layer[i].intermediate.dense, .intermediate.intermediate_act_fn and "
                 "encoder.layer[i].output.dense (an FFN replaced by kernels.ffn.replace_ffn is not a block)"
             )
-    blocks = []
-    for s in sites:
-        (owner1, name1), (owner2, name2) = (
-            _owner(model, path) for path in (s.parts[0], s.parts[2])
-        )
-        blocks.append(FFNBlock(owner1, name1, owner2, name2, s.ffn.activation))
-    return blocks
-
-
-def _owner(model: nn.Module, path: str) -> tuple[nn.Module, str]:
-    parent, _, name = path.rpartition(".")
-    return (model.get_submodule(parent) if parent else model), name
+    return sites
 
 
 def compress_sequential(
@@ -155,18 +121,19 @@ def compress_model(
     if not isinstance(inplace, bool):
         raise TypeError(f"inplace must be a bool, got {inplace!r}")
     target = model if inplace else copy.deepcopy(model)
-    blocks = find_ffn_blocks(target)
-    chosen = _check_layers(layers, len(blocks))
+    sites = _block_sites(target)
+    chosen = _check_layers(layers, len(sites))
     gen = _generator(generator)
     for layer in chosen:
-        block = blocks[layer]
+        site = sites[layer]
+        block = site.ffn
         pre = None if clusterings is None else clusterings.get(layer)
         extra = dict(kwargs)
         if pre is not None:
             extra["clustering"] = pre
         l1, l2 = compress_mlp(block.linear1, block.linear2, k, method=method, generator=gen, **extra)
-        setattr(block.owner1, block.name1, l1)
-        setattr(block.owner2, block.name2, l2)
+        set_submodule(target, site.parts[0], l1)
+        set_submodule(target, site.parts[2], l2)
     return target
 
 
