@@ -46,6 +46,7 @@ from kernels.surgery import (  # the surgery, re-exported: kernels.ffn.find_ffn_
     capture_ffn_io,
     find_ffn_sites,
     is_linear,
+    linear_multiply_adds,
     replace_ffn,
     replace_ffns,
 )
@@ -97,39 +98,19 @@ def parameter_count(module: nn.Module) -> int:
     return int(total)
 
 
-def _linear_macs(m: nn.Module) -> int:
-    from kernels.fusion import LowRankLinear
-
-    if isinstance(m, LowRankLinear):
-        return m.rank * (m.in_features + m.out_features)
-    return int(m.in_features) * int(m.out_features)
+#: The modules :func:`multiply_adds` counts: each knows its own count (``multiply_adds()``).
+_COUNTED = "FFN, a linear layer, BundledNetwork, LookupFFN, BlockDiagonalFFN, Top1MoEFFN, VanillaFFN"
 
 
 def _macs_per_token(module: nn.Module) -> int:
-    from kernels.lookup import BlockDiagonalFFN, LookupFFN, Top1MoEFFN, VanillaFFN, lookup_ffn_flops
-    from kernels.snnk import BundledNetwork
-
-    if isinstance(module, FFN):
-        return _macs_per_token(module.linear1) + _macs_per_token(module.linear2)
     if is_linear(module):
-        return _linear_macs(module)
-    if isinstance(module, BundledNetwork):
-        return int(module.flops_per_input())
-    if isinstance(module, LookupFFN):
-        kind = "dense" if module.projection_kind == "dense" else "bh4"
-        flops = lookup_ffn_flops(module.d_model, module.h, module.tau, block=module.block,
-                                 projection=kind, d_out=module.d_out)
-        return int(flops["total"]) // 2
-    if isinstance(module, BlockDiagonalFFN):
-        return 2 * module.d_model * module.hidden // module.groups
-    if isinstance(module, Top1MoEFFN):
-        return module.d_model * module.experts + 2 * module.d_model * module.hidden
-    if isinstance(module, VanillaFFN):
-        return 2 * module.d_model * module.hidden
+        return linear_multiply_adds(module)
+    count = getattr(module, "multiply_adds", None)
+    if callable(count):
+        return int(count())
     raise TypeError(
-        f"module must be a module a replacement method returns (FFN, a linear layer, BundledNetwork, "
-        f"LookupFFN, BlockDiagonalFFN, Top1MoEFFN, VanillaFFN): multiply_adds is not defined for a "
-        f"{type(module).__name__}"
+        f"module must be a module a replacement method returns ({_COUNTED}): multiply_adds is not "
+        f"defined for a {type(module).__name__}"
     )
 
 
@@ -147,7 +128,9 @@ def multiply_adds(module: nn.Module, tokens: int = 1) -> int:
       expert).
 
     Equal to half the FLOP that ``torch.utils.flop_counter.FlopCounterMode`` counts in a
-    forward of the dense-like modules (tested).
+    forward of the dense-like modules (tested). Each module owns its count, a
+    ``multiply_adds()`` method beside its forward (plain ``nn.Linear``:
+    :func:`kernels.surgery.linear_multiply_adds`); this function asks it.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")

@@ -46,6 +46,7 @@ __all__ = [
     "replace_ffn",
     "replace_ffns",
     "is_linear",
+    "linear_multiply_adds",
     "bert_layers",
     "set_submodule",
 ]
@@ -64,6 +65,15 @@ def is_linear(module: object) -> bool:
     """True for the layers an FFN's ``linear1``/``linear2`` may be: ``nn.Linear`` and the
     compressed layers of :mod:`kernels.linear` (used by :func:`kernels.ffn.multiply_adds`)."""
     return isinstance(module, _linear_types())
+
+
+def linear_multiply_adds(layer: nn.Module) -> int:
+    """Multiply-adds per token of an :func:`is_linear` layer: :math:`d_{in} d_{out}` for
+    ``nn.Linear``, the layer's own ``multiply_adds()`` for the compressed layers of
+    :mod:`kernels.linear`."""
+    if isinstance(layer, (CompressedLinear, LowRankLinear)):
+        return layer.multiply_adds()
+    return int(layer.in_features) * int(layer.out_features)
 
 
 class _FunctionModule(nn.Module):
@@ -135,6 +145,11 @@ class FFN(nn.Module):
         l1 = self.linear1
         check_input("x", x, l1.in_features, _first_weight(l1), what="d_model")
         return self.linear2(self.activation(l1(x)))
+
+    def multiply_adds(self) -> int:
+        """Multiply-adds per token of the two linear layers (:func:`linear_multiply_adds`;
+        :math:`2dk` for dense layers of width ``k``), the activation not counted."""
+        return linear_multiply_adds(self.linear1) + linear_multiply_adds(self.linear2)
 
     def as_module(self) -> "FFN":
         """A new :class:`FFN` sharing these layers (no copy), with the setting

@@ -316,7 +316,7 @@ PUBLIC_API = {
     ],
     "kernels.surgery": [
         "FFN", "FFNSite", "bert_layers", "capture_ffn_io", "find_ffn_sites",
-        "is_linear", "replace_ffn", "replace_ffns", "set_submodule",
+        "is_linear", "linear_multiply_adds", "replace_ffn", "replace_ffns", "set_submodule",
     ],
     "kernels.toeplitz": [
         "DecayCurve", "FDTNO", "GLU", "GTU", "PiecewiseLinearRPE", "RPE_ACTIVATIONS",

@@ -61,6 +61,10 @@ class VanillaFFN(nn.Module):
         self.w2 = nn.Parameter(torch.randn(hidden, d_model, generator=generator, dtype=dtype) / math.sqrt(hidden))
         self.b2 = nn.Parameter(torch.zeros(d_model, dtype=dtype))
 
+    def multiply_adds(self) -> int:
+        """Multiply-adds per token: :math:`2 d t` (half of :func:`vanilla_ffn_flops`)."""
+        return 2 * self.d_model * self.hidden
+
     def forward(self, x: Tensor) -> Tensor:
         check_input("x", x, self.d_model, self.w1, what="d_model")
         return torch.addmm(self.b2, F.gelu(torch.addmm(self.b1, x.reshape(-1, self.d_model), self.w1)), self.w2).reshape(x.shape)
@@ -92,6 +96,10 @@ class BlockDiagonalFFN(nn.Module):
         self.b1 = nn.Parameter(torch.zeros(groups, 1, hi, dtype=dtype))
         self.w2 = nn.Parameter(torch.randn(groups, hi, di, generator=generator, dtype=dtype) / math.sqrt(hi))
         self.b2 = nn.Parameter(torch.zeros(d_model, dtype=dtype))
+
+    def multiply_adds(self) -> int:
+        """Multiply-adds per token: :math:`2 d t / g` (half of :func:`block_diagonal_ffn_flops`)."""
+        return 2 * self.d_model * self.hidden // self.groups
 
     def forward(self, x: Tensor) -> Tensor:
         check_input("x", x, self.d_model, self.w1, what="d_model")
@@ -131,6 +139,11 @@ class Top1MoEFFN(nn.Module):
         self.b1 = nn.Parameter(torch.zeros(e, hd, dtype=dtype))
         self.w2 = nn.Parameter(torch.randn(e, hd, d, generator=generator, dtype=dtype) / math.sqrt(hd))
         self.b2 = nn.Parameter(torch.zeros(e, d, dtype=dtype))
+
+    def multiply_adds(self) -> int:
+        """Multiply-adds per token: the router :math:`d e` plus one expert :math:`2 d H_e`
+        (the routing softmax not counted)."""
+        return self.d_model * self.experts + 2 * self.d_model * self.hidden
 
     def forward(self, x: Tensor) -> Tensor:
         check_input("x", x, self.d_model, self.router, what="d_model")

@@ -270,6 +270,11 @@ class LookupFFN(nn.Module):
             self.d_model, self.h, self.tau, block=self.block, projection=kind, d_out=self.d_out
         )
 
+    def multiply_adds(self) -> int:
+        """Multiply-adds per token: half the FLOP of :meth:`flops` (hash projection plus
+        :math:`h\\,d` for the weighted gather)."""
+        return int(self.flops()["total"]) // 2
+
 
 
 def lookup_ffn_flops(
