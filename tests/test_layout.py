@@ -191,6 +191,82 @@ def test_modules_hold_one_idea(name: str) -> None:
         assert ONE_IDEA in doc, f"{name} has {n_lines} lines and its docstring does not say why ({ONE_IDEA!r})"
 
 
+# ------------------------------------------------------------------- tests mirror kernels
+TESTS = ROOT / "tests"
+#: Top-level test modules that import ``kernels`` without mirroring one module, and why.
+CROSS_CUTTING = {
+    "test_properties": "property-based checks of every public function and module of the package",
+    "test_cuda": "every CUDA path of the package, skipped without a GPU",
+    "test_ext_build": "building kernels._ext: locks, timeouts, the error probe",
+    "test_package": "installing and importing the package as a distribution",
+    "test_layout": "the import graph and public API of the whole package",
+    "test_nnk_book": "the book's helpers (nnk_book), which call kernels",
+}
+
+
+def _imports_kernels(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "kernels":
+            return True
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "kernels" for a in node.names):
+            return True
+    return False
+
+
+def _mirrors(stem: str, folder: Path) -> bool:
+    """``test_<m>`` or ``test_<m>_<aspect>`` for a module ``<m>.py`` of ``folder``."""
+    name = stem[len("test_"):]
+    parts = name.split("_")
+    return any((folder / ("_".join(parts[:i]) + ".py")).is_file() for i in range(1, len(parts) + 1))
+
+
+def test_kernels_tests_mirror_the_package() -> None:
+    """``tests/<pkg>/test_<module>.py`` for ``kernels/<pkg>/<module>.py`` (``test_<pkg>.py``
+    for what spans the package's modules; ``test_<module>_<aspect>.py`` for a second file
+    of one module), ``tests/test_<module>.py`` for a top-level ``kernels/<module>.py``; a
+    split package has its tests in its folder only, and a folder's tests import helpers
+    from their own folder, not another package's."""
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert {"fusion", "lookup", "ntk", "toeplitz"} <= set(packages)
+    wrong = []
+    for pkg in packages:
+        folder = TESTS / pkg
+        tests = sorted(folder.glob("test_*.py"))
+        if not tests:
+            wrong.append(f"kernels/{pkg}/ has no tests/{pkg}/")
+        for path in tests:
+            if path.stem != f"test_{pkg}" and not _mirrors(path.stem, PACKAGE / pkg):
+                wrong.append(f"{path.relative_to(ROOT)} mirrors no module of kernels/{pkg}/")
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("_helpers"):
+                    if node.module != f"{pkg}_helpers":
+                        wrong.append(f"{path.relative_to(ROOT)} imports {node.module}")
+        if (TESTS / f"test_{pkg}.py").exists():
+            wrong.append(f"tests/test_{pkg}.py: kernels.{pkg} is a package, its tests live in tests/{pkg}/")
+    for folder in sorted(p for p in TESTS.iterdir() if p.is_dir() and list(p.glob("test_*.py"))):
+        if folder.name not in packages:
+            wrong.append(f"tests/{folder.name}/ mirrors no package of kernels/")
+    for path in sorted(TESTS.glob("test_*.py")):
+        if _imports_kernels(path) and path.stem not in CROSS_CUTTING and not _mirrors(path.stem, PACKAGE):
+            wrong.append(f"{path.relative_to(ROOT)} imports kernels but mirrors no module of kernels/ "
+                         "(or add it to CROSS_CUTTING with a reason)")
+    assert not wrong, wrong
+
+
+def test_test_basenames_are_unique() -> None:
+    """tests/ has no __init__.py: pytest imports each test module by its file name, so two
+    folders must not hold the same one."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if path.name == "conftest.py" or "fixtures" in path.parts:
+            continue
+        if path.name in seen:
+            clashes.append(f"{path.relative_to(ROOT)} and {seen[path.name].relative_to(ROOT)}")
+        seen[path.name] = path
+    assert not clashes, clashes
+
+
 # ---------------------------------------------------------------------------- public API
 #: Every module's ``__all__``, frozen (issue 27). A public name may be added (add it
 #: here too); removing or renaming one breaks chapters, tests or readers and fails here.

@@ -29,7 +29,7 @@ What is here (this ``__init__`` re-exports the public names of its modules):
 * :func:`lookup_gather`: the training path, a custom autograd Function
   (:class:`LookupGatherFunction`) whose forward is one ``embedding_bag`` and whose
   backward gives gradients to the gathered table rows and to ``z`` (hence to the
-  projection), checked by ``torch.autograd.gradcheck`` in ``tests/test_lookup.py``;
+  projection), checked by ``torch.autograd.gradcheck`` in ``tests/lookup/test_gather.py``;
 * :func:`lookup_gather_naive`: the literal formula with every ``(tokens, h, d_out)``
   row materialised -- the reference and the "naive" timing baseline;
 * :func:`lookup_forward_fused`: the fused, multi-threaded C++ inference kernel
