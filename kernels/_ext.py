@@ -1,4 +1,4 @@
-"""Build and load the compiled CPU kernels of chapter 5 (``kernels/csrc/lookup_cpu.cpp``).
+"""Build and load the compiled CPU kernels of chapter 5 (``kernels/csrc/``: ``hadamard_cpu.cpp``, ``lookup_cpu.cpp``).
 
 The extension holds the fast Walsh-Hadamard transform (:func:`kernels.hadamard.fwht`)
 and the fused LookupFFN inference kernel (:func:`kernels.lookup.lookup_forward_fused`).
@@ -67,12 +67,20 @@ __all__ = [
     "build_directory",
     "build_timeout",
     "SOURCE",
+    "SOURCES",
+    "HEADERS",
     "TIMEOUT_ENV_VAR",
     "DEBUG_ENV_VAR",
     "DEFAULT_TIMEOUT_S",
 ]
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "lookup_cpu.cpp"
+_CSRC = Path(__file__).resolve().parent / "csrc"
+#: The source that defines the extension module (the fused LookupFFN kernels).
+SOURCE = _CSRC / "lookup_cpu.cpp"
+#: Every source compiled into the module: the FWHT of :mod:`kernels.hadamard` has its own.
+SOURCES = (SOURCE, _CSRC / "hadamard_cpu.cpp")
+#: The headers they share (a change to one rebuilds the module too).
+HEADERS = (_CSRC / "common.h", _CSRC / "fwht.h")
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 _DEBUG_CFLAGS = ["-O1", "-g", "-march=native", "-fopenmp", "-DNNK_DEBUG"]
 _LDFLAGS = ["-fopenmp", "-lmvec"]
@@ -216,7 +224,7 @@ def _load_here(directory: Path, verbose: bool, timeout: float) -> ModuleType:
     with _build_lock(directory, timeout):
         return load(
             name=_module_name(),
-            sources=[str(SOURCE)],
+            sources=[str(s) for s in SOURCES],
             extra_cflags=(_DEBUG_CFLAGS if _debug() else _CFLAGS) + _extra_cflags(),
             extra_ldflags=_LDFLAGS,
             build_directory=str(directory),
@@ -227,7 +235,7 @@ def _load_here(directory: Path, verbose: bool, timeout: float) -> ModuleType:
 def _needs_compile(directory: Path) -> bool:
     library = directory / f"{_module_name()}.so"
     try:
-        return library.stat().st_mtime < SOURCE.stat().st_mtime
+        return library.stat().st_mtime < max(f.stat().st_mtime for f in SOURCES + HEADERS)
     except FileNotFoundError:
         return True
 
@@ -406,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m kernels._ext",
-        description="Compile chapter 5's C++ kernels (kernels/csrc/lookup_cpu.cpp) now, into "
+        description="Compile chapter 5's C++ kernels (kernels/csrc/) now, into "
                     f"{build_directory().parent} (or $NN_KERNELS_EXT_DIR), so that the first "
                     "fwht/LookupFFN call does not pay for it. Idempotent. Gives up after "
                     f"${TIMEOUT_ENV_VAR} seconds (default {DEFAULT_TIMEOUT_S:.0f}); removes "

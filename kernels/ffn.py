@@ -42,11 +42,11 @@ from kernels._checks import (
 from kernels.snnk import bert_snnk_counts
 from kernels.surgery import (  # the surgery, re-exported: kernels.ffn.find_ffn_sites etc.
     FFN,
-    FFNModule,
     FFNSite,
     capture_ffn_io,
     find_ffn_sites,
     is_linear,
+    linear_multiply_adds,
     replace_ffn,
     replace_ffns,
 )
@@ -54,7 +54,6 @@ from kernels.surgery import (  # the surgery, re-exported: kernels.ffn.find_ffn_
 __all__ = [
     "FFN",
     "FFNSite",
-    "FFNModule",
     "find_ffn_sites",
     "capture_ffn_io",
     "replace_ffn",
@@ -99,39 +98,19 @@ def parameter_count(module: nn.Module) -> int:
     return int(total)
 
 
-def _linear_macs(m: nn.Module) -> int:
-    from kernels.fusion import LowRankLinear
-
-    if isinstance(m, LowRankLinear):
-        return m.rank * (m.in_features + m.out_features)
-    return int(m.in_features) * int(m.out_features)
+#: The modules :func:`multiply_adds` counts: each knows its own count (``multiply_adds()``).
+_COUNTED = "FFN, a linear layer, BundledNetwork, LookupFFN, BlockDiagonalFFN, Top1MoEFFN, VanillaFFN"
 
 
 def _macs_per_token(module: nn.Module) -> int:
-    from kernels.lookup import BlockDiagonalFFN, LookupFFN, Top1MoEFFN, VanillaFFN, lookup_ffn_flops
-    from kernels.snnk import BundledNetwork
-
-    if isinstance(module, FFNModule):
-        return _macs_per_token(module.linear1) + _macs_per_token(module.linear2)
     if is_linear(module):
-        return _linear_macs(module)
-    if isinstance(module, BundledNetwork):
-        return int(module.flops_per_input())
-    if isinstance(module, LookupFFN):
-        kind = "dense" if module.projection_kind == "dense" else "bh4"
-        flops = lookup_ffn_flops(module.d_model, module.h, module.tau, block=module.block,
-                                 projection=kind, d_out=module.d_out)
-        return int(flops["total"]) // 2
-    if isinstance(module, BlockDiagonalFFN):
-        return 2 * module.d_model * module.hidden // module.groups
-    if isinstance(module, Top1MoEFFN):
-        return module.d_model * module.experts + 2 * module.d_model * module.hidden
-    if isinstance(module, VanillaFFN):
-        return 2 * module.d_model * module.hidden
+        return linear_multiply_adds(module)
+    count = getattr(module, "multiply_adds", None)
+    if callable(count):
+        return int(count())
     raise TypeError(
-        f"module must be a module a replacement method returns (FFNModule, a linear layer, BundledNetwork, "
-        f"LookupFFN, BlockDiagonalFFN, Top1MoEFFN, VanillaFFN): multiply_adds is not defined for a "
-        f"{type(module).__name__}"
+        f"module must be a module a replacement method returns ({_COUNTED}): multiply_adds is not "
+        f"defined for a {type(module).__name__}"
     )
 
 
@@ -149,7 +128,9 @@ def multiply_adds(module: nn.Module, tokens: int = 1) -> int:
       expert).
 
     Equal to half the FLOP that ``torch.utils.flop_counter.FlopCounterMode`` counts in a
-    forward of the dense-like modules (tested).
+    forward of the dense-like modules (tested). Each module owns its count, a
+    ``multiply_adds()`` method beside its forward (plain ``nn.Linear``:
+    :func:`kernels.surgery.linear_multiply_adds`); this function asks it.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
@@ -248,12 +229,12 @@ def _dense_width(ffn: FFN, budget: int, method: str) -> int:
     return int(k)
 
 
-def _sub_ffn(ffn: FFN, keep: Tensor, scale: float, setting: dict[str, Any]) -> FFNModule:
+def _sub_ffn(ffn: FFN, keep: Tensor, scale: float, setting: dict[str, Any]) -> FFN:
     l1, l2 = ffn.linear1, ffn.linear2
     with torch.no_grad():
         new1 = _copy_linear(l1.weight[keep], None if l1.bias is None else l1.bias[keep])
         new2 = _copy_linear(l2.weight[:, keep] * scale, l2.bias)
-    return FFNModule(new1, _copy.deepcopy(ffn.activation), new2, setting=setting)
+    return FFN(new1, _copy.deepcopy(ffn.activation), new2, setting=setting)
 
 
 # --------------------------------------------------------------------------------------
@@ -269,7 +250,7 @@ def replace_original(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, 
     budget = _check_budget(ffn, budget)
     if budget != _full_count(ffn):
         raise ValueError(f"budget must be the FFN's full parameter count {_full_count(ffn)} for 'original', got {budget}")
-    module = FFNModule(_copy.deepcopy(ffn.linear1), _copy.deepcopy(ffn.activation), _copy.deepcopy(ffn.linear2))
+    module = FFN(_copy.deepcopy(ffn.linear1), _copy.deepcopy(ffn.activation), _copy.deepcopy(ffn.linear2))
     return _finish(module, ffn, {"hidden": ffn.hidden}, budget)
 
 
@@ -289,7 +270,7 @@ def replace_svd(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outpu
     if r < 1:
         raise _too_small("svd", budget, 2 * (d + h) + biases)
     l1, l2 = compress_mlp(ffn.linear1, ffn.linear2, h, method="svd", rank=int(r))
-    return _finish(FFNModule(l1, _copy.deepcopy(ffn.activation), l2), ffn, {"rank": int(r)}, budget)
+    return _finish(FFN(l1, _copy.deepcopy(ffn.activation), l2), ffn, {"rank": int(r)}, budget)
 
 
 def replace_prune(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, outputs: Optional[Tensor] = None,
@@ -335,7 +316,7 @@ def replace_fusion(ffn: FFN, budget: int, *, inputs: Optional[Tensor] = None, ou
     k = _dense_width(ffn, budget, "fusion")
     l1, l2 = compress_mlp(ffn.linear1, ffn.linear2, k, method="fusion", generator=_generator(generator),
                           n_init=n_init, max_iter=max_iter)
-    return _finish(FFNModule(l1, _copy.deepcopy(ffn.activation), l2), ffn, {"k": k}, budget)
+    return _finish(FFN(l1, _copy.deepcopy(ffn.activation), l2), ffn, {"k": k}, budget)
 
 
 def distill(module: nn.Module, inputs: Tensor, outputs: Tensor, *, steps: int = 200, lr: float = 1e-3,

@@ -8,7 +8,7 @@ This module is the first half of the package side of chapter 5
   dimension (Sylvester ordering, :math:`H_1 = [1]`, :math:`H_{2n} = [[H_n, H_n], [H_n,
   -H_n]]`), normalised (:math:`H_d/\\sqrt d`, orthogonal) or not, in
   :math:`O(d \\log d)` per row. A compiled, cache-blocked and vectorised C++ kernel
-  (``kernels/csrc/lookup_cpu.cpp``, built by :mod:`kernels._ext`) runs CPU tensors;
+  (``kernels/csrc/hadamard_cpu.cpp`` with the row kernels of ``fwht.h``, built by :mod:`kernels._ext`) runs CPU tensors;
   :func:`fwht_torch` -- ``log2 d`` butterfly stages of torch operations -- is the
   reference, the fallback when the extension cannot be built, and the path of CUDA
   tensors. :math:`H_d` is symmetric, so the backward pass is the same transform;
@@ -261,7 +261,7 @@ def fwht(x: Tensor, normalized: bool = True, backend: str = "auto") -> Tensor:
     satisfies :math:`H_d H_d = d I`. Differentiable in reverse and forward mode (the
     derivative is the same transform). ``backend``: see :func:`fwht_backend`. Derived in
     chapter 5, section "The fast Walsh-Hadamard transform"; the compiled kernel's design
-    and its speed against FFHT: ``kernels/csrc/lookup_cpu.cpp`` and
+    and its speed against FFHT: ``kernels/csrc/fwht.h`` and
     ``benchmarks/bench_fwht.py``.
     """
     module = _ext._module  # the compiled kernels once a first call has loaded them

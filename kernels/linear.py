@@ -89,6 +89,11 @@ class CompressedLinear(nn.Module):
         check_input("x", x, self.weight.shape[1], self.weight)
         return F.linear(x * self.scale, self.effective_weight(), self.bias)
 
+    def multiply_adds(self) -> int:
+        """Multiply-adds per token: :math:`d_{in} d_{out}` (a pruned layer is counted dense,
+        as the dense product computes it)."""
+        return int(self.in_features) * int(self.out_features)
+
     def extra_repr(self) -> str:
         pruned = "" if self.mask is None else f", kept={int(self.mask.sum())}"
         return f"in_features={self.in_features}, out_features={self.out_features}{pruned}"
@@ -142,6 +147,10 @@ class LowRankLinear(nn.Module):
         check_input("x", x, self.v.shape[1], self.v)
         out = F.linear(F.linear(x, self.v), self.u)
         return out if self.bias is None else out + self.bias
+
+    def multiply_adds(self) -> int:
+        """Multiply-adds per token: :math:`r (d_{in} + d_{out})` for rank ``r``."""
+        return self.rank * (self.in_features + self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"

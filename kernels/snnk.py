@@ -554,6 +554,10 @@ class BundledNetwork(nn.Module):
             total += fmap.projections.numel()
         return total + self.weight.numel()
 
+    def multiply_adds(self) -> int:
+        """Multiply-adds per token: :meth:`flops_per_input` (:math:`m' d + dM`)."""
+        return int(self.flops_per_input())
+
     def as_modules(self) -> Tuple["FeatureTower", nn.Linear]:
         """The bundle as two modules, ``tower(x) = features(x)`` and ``linear(tower(x)) = self(x)``.
 

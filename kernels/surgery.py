@@ -2,7 +2,8 @@
 
 The FFN of a transformer block is :math:`y = W_2\\,\\sigma(W_1 x + b_1) + b_2`
 (``d -> hidden -> d``), eq. 1 of Wei et al. (2023) and eq. 3 of Zeng et al. (2023). Here
-it is an :class:`FFN` (two ``nn.Linear`` and the activation module between them), and an
+it is an :class:`FFN` (two ``nn.Linear`` and the activation module between them, an
+``nn.Module``: the one FFN type, also what the dense-like replacements return), and an
 :class:`FFNSite` says where one sits in a model:
 
 * Hugging Face BERT-style encoders (``BertModel``, the all-MiniLM-L6-v2 of chapter 6, a
@@ -40,12 +41,12 @@ from kernels.linear import CompressedLinear, LowRankLinear
 __all__ = [
     "FFN",
     "FFNSite",
-    "FFNModule",
     "find_ffn_sites",
     "capture_ffn_io",
     "replace_ffn",
     "replace_ffns",
     "is_linear",
+    "linear_multiply_adds",
     "bert_layers",
     "set_submodule",
 ]
@@ -66,6 +67,15 @@ def is_linear(module: object) -> bool:
     return isinstance(module, _linear_types())
 
 
+def linear_multiply_adds(layer: nn.Module) -> int:
+    """Multiply-adds per token of an :func:`is_linear` layer: :math:`d_{in} d_{out}` for
+    ``nn.Linear``, the layer's own ``multiply_adds()`` for the compressed layers of
+    :mod:`kernels.linear`."""
+    if isinstance(layer, (CompressedLinear, LowRankLinear)):
+        return layer.multiply_adds()
+    return int(layer.in_features) * int(layer.out_features)
+
+
 class _FunctionModule(nn.Module):
     """An activation given as a plain function (older ``transformers``), as a module."""
 
@@ -77,68 +87,26 @@ class _FunctionModule(nn.Module):
         return self.fn(x)
 
 
-@dataclass(frozen=True, eq=False)
-class FFN:
-    """A feed-forward block ``linear2(activation(linear1(x)))``, ``d -> hidden -> d``.
-
-    Holds the model's own modules (no copies): changing them changes the model.
-    ``linear1`` maps ``d_model -> hidden``, ``linear2`` ``hidden -> d_model``. The
-    linear layers may also be the compressed layers of :mod:`kernels.fusion`
-    (what :func:`find_ffn_sites` finds in a compressed model); the replacement methods
-    need plain ``nn.Linear``.
-    """
-
-    linear1: nn.Module
-    activation: nn.Module
-    linear2: nn.Module
-
-    def __post_init__(self) -> None:
-        for name in ("linear1", "linear2"):
-            if not is_linear(getattr(self, name)):
-                raise TypeError(f"{name} must be a torch.nn.Linear, got {type(getattr(self, name)).__name__}")
-        if not isinstance(self.activation, nn.Module):
-            if not callable(self.activation):
-                raise TypeError(f"activation must be an nn.Module, got {type(self.activation).__name__}")
-            object.__setattr__(self, "activation", _FunctionModule(self.activation))
-        l1, l2 = self.linear1, self.linear2
-        if l2.in_features != l1.out_features or l2.out_features != l1.in_features:
-            raise ValueError(
-                "an FFN maps d -> hidden -> d, but linear1 is "
-                f"{l1.in_features} -> {l1.out_features} and linear2 {l2.in_features} -> {l2.out_features}"
-            )
-
-    @property
-    def d_model(self) -> int:
-        return int(self.linear1.in_features)
-
-    @property
-    def hidden(self) -> int:
-        return int(self.linear1.out_features)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``linear2(activation(linear1(x)))``: ``(..., d) -> (..., d)``."""
-        return self.linear2(self.activation(self.linear1(x)))
-
-    __call__ = forward
-
-    def as_module(self) -> "FFNModule":
-        """An ``nn.Module`` with this forward, sharing the layers (no copy)."""
-        return FFNModule(self.linear1, self.activation, self.linear2, setting={"hidden": self.hidden})
-
-
 def _first_weight(layer: nn.Module) -> Tensor:
     """The parameter whose dtype and device an input of ``layer`` (an :func:`is_linear`
     layer) must share."""
     return layer.v if isinstance(layer, LowRankLinear) else layer.weight
 
 
-class FFNModule(nn.Module):
-    """``linear2(activation(linear1(x)))`` as one module: the output of the dense-like
-    replacement methods (original, SVD, pruning, random subset, fusion). ``setting`` is
-    the method's setting (e.g. ``{"k": 96}``). Shapes ``(..., d) -> (..., d)``.
+class FFN(nn.Module):
+    """A feed-forward block ``linear2(activation(linear1(x)))``, ``d -> hidden -> d``
+    (eq. 1 of Wei et al., 2023; eq. 3 of Zeng et al., 2023). Shapes ``(..., d) -> (..., d)``.
 
-    ``linear1`` and ``linear2`` are :func:`is_linear` layers mapping ``d -> hidden -> d``;
-    ``activation`` an ``nn.Module`` or a function (wrapped in a module), as in :class:`FFN`."""
+    The one FFN type of the package: :func:`find_ffn_sites` returns the model's FFNs as
+    ``FFN`` (holding the model's own modules, no copies: changing them changes the model),
+    and the dense-like replacement methods of :mod:`kernels.ffn` (original, SVD, pruning,
+    random subset, fusion) return new ones. ``linear1`` maps ``d_model -> hidden`` and
+    ``linear2`` ``hidden -> d_model``; both are :func:`is_linear` layers (``nn.Linear`` or
+    the compressed layers of :mod:`kernels.linear`; the replacement methods need plain
+    ``nn.Linear``). ``activation``: an ``nn.Module`` or a function (wrapped in a module).
+    ``setting``: the replacement method's setting (e.g. ``{"k": 96}``), empty for a
+    model's own FFN. Where an FFN sits in a model is a different thing, an :class:`FFNSite`.
+    """
 
     def __init__(self, linear1: nn.Module, activation: nn.Module, linear2: nn.Module, *,
                  setting: Optional[dict[str, Any]] = None) -> None:
@@ -164,15 +132,36 @@ class FFNModule(nn.Module):
         self.linear2 = linear2
         self.setting = dict(setting or {})
 
+    @property
+    def d_model(self) -> int:
+        return int(self.linear1.in_features)
+
+    @property
+    def hidden(self) -> int:
+        return int(self.linear1.out_features)
+
     def forward(self, x: Tensor) -> Tensor:
+        """``linear2(activation(linear1(x)))``: ``(..., d) -> (..., d)``."""
         l1 = self.linear1
         check_input("x", x, l1.in_features, _first_weight(l1), what="d_model")
         return self.linear2(self.activation(l1(x)))
 
+    def multiply_adds(self) -> int:
+        """Multiply-adds per token of the two linear layers (:func:`linear_multiply_adds`;
+        :math:`2dk` for dense layers of width ``k``), the activation not counted."""
+        return linear_multiply_adds(self.linear1) + linear_multiply_adds(self.linear2)
+
+    def as_module(self) -> "FFN":
+        """A new :class:`FFN` sharing these layers (no copy), with the setting
+        ``{"hidden": hidden}`` (the unreplaced FFN as a replacement method's result)."""
+        return FFN(self.linear1, self.activation, self.linear2, setting={"hidden": self.hidden})
+
 
 @dataclass
 class FFNSite:
-    """Where one FFN sits in a model.
+    """Where one FFN sits in a model: a place, not a block (the block itself is the
+    :class:`FFN` in ``ffn``); what :func:`replace_ffn` replaces and
+    :func:`kernels.fusion.compress_model` compresses.
 
     ``index``: the block number (the encoder layer; for an ``nn.Sequential``, the
     position of the run among the runs found). ``path``: dotted name (``named_modules``)

@@ -17,7 +17,6 @@ from torch import nn
 
 from kernels.ffn import (
     FFN,
-    FFNModule,
     FFNSite,
     NEEDS_DATA,
     REPLACEMENTS,
@@ -264,7 +263,7 @@ def test_parameter_count_counts_only_unmasked_entries():
     ffn = make_ffn(6, 24)
     l1, l2 = compress_mlp(ffn.linear1, ffn.linear2, 6, method="pruning")
     want = int(l1.mask.sum()) + int(l2.mask.sum()) + 24 + 6
-    assert parameter_count(FFNModule(l1, nn.GELU(), l2)) == want
+    assert parameter_count(FFN(l1, nn.GELU(), l2)) == want
 
 
 # ------------------------------------------------------------------ surgery

@@ -155,8 +155,8 @@ def test_surgery_stands_below_the_methods_and_the_catalogue_above_them() -> None
 
 
 def test_no_private_name_is_imported_across_modules() -> None:
-    """A name another module needs is public. Inside one subpackage (kernels.ntk,
-    kernels.toeplitz: one chapter's module split by idea) the parts share private helpers;
+    """A name another module needs is public. Inside one subpackage (kernels.fusion,
+    kernels.lookup, kernels.ntk, kernels.toeplitz: one chapter's module split by idea) the parts share private helpers;
     ``_checks`` and ``_ext`` are the package's private plumbing modules, imported whole or
     by their public names."""
     mods = modules()
@@ -191,6 +191,82 @@ def test_modules_hold_one_idea(name: str) -> None:
         assert ONE_IDEA in doc, f"{name} has {n_lines} lines and its docstring does not say why ({ONE_IDEA!r})"
 
 
+# ------------------------------------------------------------------- tests mirror kernels
+TESTS = ROOT / "tests"
+#: Top-level test modules that import ``kernels`` without mirroring one module, and why.
+CROSS_CUTTING = {
+    "test_properties": "property-based checks of every public function and module of the package",
+    "test_cuda": "every CUDA path of the package, skipped without a GPU",
+    "test_ext_build": "building kernels._ext: locks, timeouts, the error probe",
+    "test_package": "installing and importing the package as a distribution",
+    "test_layout": "the import graph and public API of the whole package",
+    "test_nnk_book": "the book's helpers (nnk_book), which call kernels",
+}
+
+
+def _imports_kernels(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "kernels":
+            return True
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "kernels" for a in node.names):
+            return True
+    return False
+
+
+def _mirrors(stem: str, folder: Path) -> bool:
+    """``test_<m>`` or ``test_<m>_<aspect>`` for a module ``<m>.py`` of ``folder``."""
+    name = stem[len("test_"):]
+    parts = name.split("_")
+    return any((folder / ("_".join(parts[:i]) + ".py")).is_file() for i in range(1, len(parts) + 1))
+
+
+def test_kernels_tests_mirror_the_package() -> None:
+    """``tests/<pkg>/test_<module>.py`` for ``kernels/<pkg>/<module>.py`` (``test_<pkg>.py``
+    for what spans the package's modules; ``test_<module>_<aspect>.py`` for a second file
+    of one module), ``tests/test_<module>.py`` for a top-level ``kernels/<module>.py``; a
+    split package has its tests in its folder only, and a folder's tests import helpers
+    from their own folder, not another package's."""
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert {"fusion", "lookup", "ntk", "toeplitz"} <= set(packages)
+    wrong = []
+    for pkg in packages:
+        folder = TESTS / pkg
+        tests = sorted(folder.glob("test_*.py"))
+        if not tests:
+            wrong.append(f"kernels/{pkg}/ has no tests/{pkg}/")
+        for path in tests:
+            if path.stem != f"test_{pkg}" and not _mirrors(path.stem, PACKAGE / pkg):
+                wrong.append(f"{path.relative_to(ROOT)} mirrors no module of kernels/{pkg}/")
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("_helpers"):
+                    if node.module != f"{pkg}_helpers":
+                        wrong.append(f"{path.relative_to(ROOT)} imports {node.module}")
+        if (TESTS / f"test_{pkg}.py").exists():
+            wrong.append(f"tests/test_{pkg}.py: kernels.{pkg} is a package, its tests live in tests/{pkg}/")
+    for folder in sorted(p for p in TESTS.iterdir() if p.is_dir() and list(p.glob("test_*.py"))):
+        if folder.name not in packages:
+            wrong.append(f"tests/{folder.name}/ mirrors no package of kernels/")
+    for path in sorted(TESTS.glob("test_*.py")):
+        if _imports_kernels(path) and path.stem not in CROSS_CUTTING and not _mirrors(path.stem, PACKAGE):
+            wrong.append(f"{path.relative_to(ROOT)} imports kernels but mirrors no module of kernels/ "
+                         "(or add it to CROSS_CUTTING with a reason)")
+    assert not wrong, wrong
+
+
+def test_test_basenames_are_unique() -> None:
+    """tests/ has no __init__.py: pytest imports each test module by its file name, so two
+    folders must not hold the same one."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if path.name == "conftest.py" or "fixtures" in path.parts:
+            continue
+        if path.name in seen:
+            clashes.append(f"{path.relative_to(ROOT)} and {seen[path.name].relative_to(ROOT)}")
+        seen[path.name] = path
+    assert not clashes, clashes
+
+
 # ---------------------------------------------------------------------------- public API
 #: Every module's ``__all__``, frozen (issue 27). A public name may be added (add it
 #: here too); removing or renaming one breaks chapters, tests or readers and fails here.
@@ -207,7 +283,7 @@ PUBLIC_API = {
         "call_user_code",
     ],
     "kernels._ext": [
-        "DEBUG_ENV_VAR", "DEFAULT_TIMEOUT_S", "SOURCE", "TIMEOUT_ENV_VAR", "build",
+        "DEBUG_ENV_VAR", "DEFAULT_TIMEOUT_S", "HEADERS", "SOURCE", "SOURCES", "TIMEOUT_ENV_VAR", "build",
         "build_directory", "build_timeout", "cpp_errors_propagate", "extension_available",
         "load_extension",
     ],
@@ -222,19 +298,38 @@ PUBLIC_API = {
         "spectrum_from_name",
     ],
     "kernels.ffn": [
-        "FFN", "FFNModule", "FFNSite", "REPLACEMENTS", "bert_snnk_counts", "budget_for_hidden",
+        "FFN", "FFNSite", "REPLACEMENTS", "bert_snnk_counts", "budget_for_hidden",
         "capture_ffn_io", "distill", "find_ffn_sites", "multiply_adds", "parameter_count",
         "replace_block_diagonal", "replace_bundled_snnk", "replace_ffn", "replace_ffns",
         "replace_fusion", "replace_fusion_tuned", "replace_lookup", "replace_moe_top1",
         "replace_original", "replace_prune", "replace_random", "replace_snnk", "replace_svd",
     ],
     "kernels.fusion": [
-        "CompressedLinear", "FFNBlock", "KMeansResult", "LowRankLinear", "METHODS", "MMDSupport",
+        "CompressedLinear", "KMeansResult", "LowRankLinear", "METHODS", "MMDSupport",
         "averaging_matrix", "clustering_matrix", "compress_mlp", "compress_model",
         "compress_sequential", "ffn_output_error", "find_ffn_blocks", "fuse_mlp", "kernel_cosine",
         "kernel_error", "kmeans", "layerwise_tuning", "mlp_gradients", "mlp_parameter_count",
         "mmd2", "mmd_support", "scaled_kernel_error", "scaling_matrix", "sgd_kernel", "sign_kernel",
         "sub_mlp_embeddings", "svd_rank_for_budget",
+    ],
+    "kernels.fusion.blocks": [
+        "compress_model", "compress_sequential", "find_ffn_blocks",
+        "mlp_parameter_count",
+    ],
+    "kernels.fusion.clustering": [
+        "KMeansResult", "averaging_matrix", "clustering_matrix", "kmeans", "scaling_matrix",
+        "sub_mlp_embeddings",
+    ],
+    "kernels.fusion.compress": [
+        "CompressedLinear", "LowRankLinear", "METHODS", "MMDSupport", "compress_mlp", "fuse_mlp",
+        "mmd2", "mmd_support", "svd_rank_for_budget",
+    ],
+    "kernels.fusion.measures": [
+        "ffn_output_error", "kernel_cosine", "kernel_error", "mlp_gradients",
+        "scaled_kernel_error", "sgd_kernel", "sign_kernel",
+    ],
+    "kernels.fusion.tuning": [
+        "layerwise_tuning",
     ],
     "kernels.hadamard": [
         "ACDCProjection", "BH4", "BHProjection", "DenseProjection", "FWHT_BACKENDS",
@@ -253,6 +348,19 @@ PUBLIC_API = {
         "lookup_forward_fused", "lookup_gather", "lookup_gather_naive", "lookup_softmax",
         "lookup_weights", "lsh_active_mask", "lsh_ffn_flops", "moe_ffn_flops", "quantize_tables",
         "sign_matrix", "simhash_codes", "table_bytes", "vanilla_ffn_flops",
+    ],
+    "kernels.lookup.baselines": [
+        "BlockDiagonalFFN", "LSHSparseFFN", "Top1MoEFFN", "VanillaFFN", "block_diagonal_ffn_flops",
+        "lsh_active_mask", "lsh_ffn_flops", "moe_ffn_flops", "simhash_codes", "vanilla_ffn_flops",
+    ],
+    "kernels.lookup.gather": [
+        "LookupGatherFunction", "MAX_TAU", "TABLE_DTYPES", "dequantize_tables", "gather_fused",
+        "hash_codes", "lookup_bh_forward_fused", "lookup_bh_hash_fused", "lookup_forward_fused",
+        "lookup_gather", "lookup_gather_naive", "lookup_softmax", "lookup_weights",
+        "quantize_tables", "sign_matrix", "table_bytes",
+    ],
+    "kernels.lookup.layer": [
+        "DEFAULT_MAX_TABLE_BYTES", "LOOKUP_BACKENDS", "LookupFFN", "lookup_ffn_flops",
     ],
     "kernels.ntk": [
         "ACTIVATIONS", "EMPIRICAL_NTK_METHODS", "Erf", "GaussianPrediction", "LinearizedModel",
@@ -283,8 +391,8 @@ PUBLIC_API = {
         "count_trainable", "least_squares", "make_feature_map", "ridge_cv", "with_bundled_ffn",
     ],
     "kernels.surgery": [
-        "FFN", "FFNModule", "FFNSite", "bert_layers", "capture_ffn_io", "find_ffn_sites",
-        "is_linear", "replace_ffn", "replace_ffns", "set_submodule",
+        "FFN", "FFNSite", "bert_layers", "capture_ffn_io", "find_ffn_sites",
+        "is_linear", "linear_multiply_adds", "replace_ffn", "replace_ffns", "set_submodule",
     ],
     "kernels.toeplitz": [
         "DecayCurve", "FDTNO", "GLU", "GTU", "PiecewiseLinearRPE", "RPE_ACTIVATIONS",
@@ -342,11 +450,11 @@ def test_public_api_is_unchanged(name: str) -> None:
         assert hasattr(module, attr), f"{name}.__all__ names {attr}, which is not there"
 
 
-@pytest.mark.parametrize("package", ["kernels.ntk", "kernels.toeplitz"])
+@pytest.mark.parametrize("package", ["kernels.fusion", "kernels.lookup", "kernels.ntk", "kernels.toeplitz"])
 def test_split_packages_export_every_name_of_their_parts(package: str) -> None:
     pkg = importlib.import_module(package)
     parts = [n for n in PUBLIC_API if n.startswith(package + ".")]
-    assert len(parts) >= 4
+    assert len(parts) >= 3
     from_parts = set()
     for part in parts:
         module = importlib.import_module(part)
@@ -354,14 +462,14 @@ def test_split_packages_export_every_name_of_their_parts(package: str) -> None:
             assert getattr(pkg, attr) is getattr(module, attr), f"{package}.{attr} is not {part}.{attr}"
             from_parts.add(attr)
     assert from_parts == set(pkg.__all__)
-    for attr in KEPT_PRIVATE[package]:
+    for attr in KEPT_PRIVATE.get(package, []):
         assert callable(getattr(pkg, attr)), f"{package}.{attr} is gone (tests/benchmarks import it)"
 
 
 def test_surgery_and_compressed_layers_are_the_same_objects_everywhere() -> None:
     from kernels import ffn, fusion, linear, snnk, surgery
 
-    for attr in ("FFN", "FFNSite", "FFNModule", "find_ffn_sites", "capture_ffn_io", "replace_ffn", "replace_ffns"):
+    for attr in ("FFN", "FFNSite", "find_ffn_sites", "capture_ffn_io", "replace_ffn", "replace_ffns"):
         assert getattr(ffn, attr) is getattr(surgery, attr)
     assert fusion.CompressedLinear is linear.CompressedLinear and fusion.LowRankLinear is linear.LowRankLinear
     assert ffn.bert_snnk_counts is snnk.bert_snnk_counts

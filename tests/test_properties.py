@@ -428,12 +428,11 @@ def _instances() -> dict:
         "linear.CompressedLinear": lambda: _linear.CompressedLinear(torch.randn(3, 4, dtype=torch.float64), None),
         "linear.LowRankLinear": lambda: _linear.LowRankLinear(torch.randn(3, 2, dtype=torch.float64),
                                                               torch.randn(2, 4, dtype=torch.float64), None),
-        "fusion.FFNBlock": None,
         "fusion.CompressedLinear": lambda: _linear.CompressedLinear(torch.randn(3, 4, dtype=torch.float64), None),
         "fusion.LowRankLinear": lambda: _linear.LowRankLinear(torch.randn(3, 2, dtype=torch.float64),
                                                               torch.randn(2, 4, dtype=torch.float64), None),
-        "ffn.FFNModule": lambda: _surgery.FFNModule(nn.Linear(4, 6, dtype=torch.float64), nn.GELU(),
-                                                    nn.Linear(6, 4, dtype=torch.float64)),
+        "ffn.FFN": lambda: _surgery.FFN(nn.Linear(4, 6, dtype=torch.float64), nn.GELU(),
+                                        nn.Linear(6, 4, dtype=torch.float64)),
         "hadamard.DenseProjection": lambda: DenseProjection(4, 4, generator=g(), dtype=torch.float64),
         "hadamard.ACDCProjection": lambda: ACDCProjection(4, 4, generator=g(), dtype=torch.float64),
         "hadamard.BHProjection": lambda: _hadamard.BHProjection(4, 4, block=4, generator=g(), dtype=torch.float64),
@@ -456,8 +455,8 @@ def _instances() -> dict:
         "toeplitz.GLU": lambda: _toeplitz.GLU(4, 4, generator=g(), dtype=torch.float64),
         "toeplitz.TNNBlock": lambda: _toeplitz.TNNBlock(4, generator=g(), dtype=torch.float64),
         "toeplitz.TNNEncoder": lambda: _toeplitz.TNNEncoder(10, 4, 1, generator=g(), dtype=torch.float64),
-        "surgery.FFNModule": lambda: _surgery.FFNModule(nn.Linear(4, 6, dtype=torch.float64), nn.GELU(),
-                                                nn.Linear(6, 4, dtype=torch.float64)),
+        "surgery.FFN": lambda: _surgery.FFN(nn.Linear(4, 6, dtype=torch.float64), nn.GELU(),
+                                            nn.Linear(6, 4, dtype=torch.float64)),
     }
 
 

@@ -253,7 +253,7 @@ def fc_kernel(
     exactly on the diagonal and at identical or collinear rows (within the rounding
     noise of the first layer's dot products), so that e.g. depth 5 at ``[[1., 1.]]``
     gives 0.1875 exactly; it agrees with a 50-digit recursion to 1e-12 relative
-    (tests/test_ntk_exact.py). ``x1`` and ``x2`` may require grad, or be traced by
+    (tests/ntk/test_analytic_exact.py). ``x1`` and ``x2`` may require grad, or be traced by
     ``torch.func`` (``jacfwd``, ``jacrev``, ``vmap``) or forward AD: the result is then
     built in one block without in-place writes and is differentiable with respect to
     the inputs, with finite derivatives on the diagonal (those of :math:`k(x, x)`).
