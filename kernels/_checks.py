@@ -4,7 +4,7 @@ Every public function checks its inputs with these helpers so that bad input fai
 with a ``ValueError``/``TypeError`` naming the argument and what was expected,
 instead of a shape error deep inside torch. Internal helpers trust their callers.
 
-The rules (issue 30; every public function of ``kernels`` follows them, and
+The rules (every public function of ``kernels`` follows them, and
 ``tests/test_properties.py`` draws dtypes, devices, shapes and values for each):
 
 * **Tensors** must be ``torch.Tensor`` (``TypeError`` otherwise, lists and NumPy arrays

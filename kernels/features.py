@@ -297,7 +297,7 @@ _PART_PHASES = (1.0 + 0j, -1.0 + 0j, 1j, -1j)
 def _symmetric_grid(top: float, num_atoms: int) -> np.ndarray:
     """``num_atoms`` (odd) equally spaced frequencies on [-top, top], symmetric by construction:
     the middle one is exactly 0 and ``grid[::-1] == -grid`` bit for bit (``np.linspace`` gives
-    about 1e-16 instead of 0 for some ``top``, which lost or doubled the DC term; issue 13)."""
+    about 1e-16 instead of 0 for some ``top``, which lost or doubled the DC term)."""
     half = (num_atoms - 1) // 2
     return top * (np.arange(-half, half + 1, dtype=np.float64) / half)
 

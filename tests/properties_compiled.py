@@ -20,8 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import configuration as _hypothesis_configuration
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with runpy from a child process
-from strategies import check_clear, near, size  # noqa: E402
+from strategies import check_clear, near, size  # tests/ is on the child's PYTHONPATH
 
 from kernels import _ext
 from kernels.hadamard import BHProjection, bh_project_fused, fwht, fwht_torch

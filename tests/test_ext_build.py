@@ -1,5 +1,5 @@
 """kernels._ext: an interrupted build never blocks later ones, and a build that cannot finish
-in time falls back to the pure-torch kernels with a clear message (issue 14, item 3).
+in time falls back to the pure-torch kernels with a clear message.
 
 Each scenario runs in child processes with ``NN_KERNELS_EXT_DIR`` pointing at a temporary
 folder, so the repository's own build is never touched. Before the fix, the stale lock

@@ -231,7 +231,7 @@ def test_gelu_spectrum_close_to_gelu_near_zero() -> None:
     assert float(err) < 0.05
 
 
-# --------------------------------------------------------------------------- the DC term (issue 13)
+# ----------------------------------------------------------------------------------- the DC term
 # np.linspace(-top, top, k) gives about +-1e-16 instead of 0 at its middle for some top; the
 # fold onto xi >= 0 then dropped the zero frequency (a constant offset of the estimate) or
 # counted it twice. The grid is now symmetric by construction and the fold snaps near-zero
@@ -477,7 +477,8 @@ def test_overflow_warning_suggests_fix() -> None:
 
 
 def test_mixed_dtypes_and_zero_features_are_named() -> None:
-    """Issue 14: a raw matmul error and a ZeroDivisionError before."""
+    """Mixed dtypes and zero features get errors that name them, not a raw matmul error or a
+    ZeroDivisionError."""
     from kernels.features import arccos_features, arccos_kernel, softmax_features, softmax_kernel
 
     x32, x64 = torch.randn(3, 4), torch.randn(2, 4, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""The house of ``kernels`` (issue 27): no import circle, no private name across modules,
+"""The house of ``kernels``: no import circle, no private name across modules,
 surgery below the methods and the catalogue above them, modules of one idea, and a frozen
 list of the public API so that an accidental removal fails."""
 
@@ -113,7 +113,7 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 # ------------------------------------------------------------------------------ circles
 def test_the_cycle_finder_finds_circles_through_function_imports(tmp_path: Path) -> None:
-    # The circle of issue 27 in miniature: the catalogue imports a method inside a
+    # A circle in miniature: the catalogue imports a method inside a
     # function, the method imports the catalogue at its top; and a circle through a third.
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
@@ -268,7 +268,7 @@ def test_test_basenames_are_unique() -> None:
 
 
 # ---------------------------------------------------------------------------- public API
-#: Every module's ``__all__``, frozen (issue 27). A public name may be added (add it
+#: Every module's ``__all__``, frozen. A public name may be added (add it
 #: here too); removing or renaming one breaks chapters, tests or readers and fails here.
 PUBLIC_API = {
     "kernels": [
@@ -495,7 +495,7 @@ def test_readme_maps_every_module_bottom_to_top() -> None:
 
 
 # ------------------------------------------------------------------------ the input rules
-#: The book's page that lists the input rules of kernels._checks (issue 30).
+#: The book's page that lists the input rules of kernels._checks.
 API_PAGE = ROOT / "book" / "api.md"
 RULES_START, RULES_END = "<!-- input-rules:start -->", "<!-- input-rules:end -->"
 

@@ -42,7 +42,7 @@ def test_resolve_device_errors() -> None:
     else:
         with pytest.raises(ValueError, match="CUDA GPU"):
             device.resolve_device(f"cuda:{torch.cuda.device_count()}")
-    # Issue 14: these were accepted and failed later, deep inside torch.
+    # Devices kernels does not compute on are refused here, not deep inside torch.
     for name in ("mps", "meta", torch.device("meta")):
         with pytest.raises(ValueError, match="not supported.*'cpu' and 'cuda'"):
             device.resolve_device(name)
@@ -80,7 +80,7 @@ def _python(code: str, pythonpath: Path, tmp_path: Path):
 
 
 def test_a_shadowing_kernels_package_is_a_loud_import_error(tmp_path: Path) -> None:
-    """Issue 14: the PyPI package ``kernels`` first on the path hid this one silently."""
+    """The PyPI package ``kernels`` first on the path must not hide this one silently."""
     shadow = tmp_path / "site"
     (shadow / "kernels").mkdir(parents=True)
     (shadow / "kernels" / "__init__.py").write_text("IS_OTHER = True\n")

@@ -1,4 +1,4 @@
-"""Property-based tests of the public API of ``kernels`` (issue 14).
+"""Property-based tests of the public API of ``kernels``.
 
 Hypothesis draws shapes (zero-size dimensions included), dtypes (float32/64, float16,
 int64), non-contiguous views and NaN/Inf entries. Every case must either agree with an
@@ -354,11 +354,14 @@ def test_unsupported_devices_are_named_everywhere() -> None:
 # --------------------------------------------------------------------------- compiled
 def test_compiled_paths_in_a_subprocess() -> None:
     """The same properties for the C++ kernels; a crash ends the child, not pytest."""
+    import os
+
     from isolated import ROOT
 
+    tests = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))  # its strategies
     proc = run_isolated(f"import runpy, sys; sys.argv = ['x']; "
                         f"runpy.run_path({str(ROOT / 'tests' / 'properties_compiled.py')!r}, run_name='__main__')",
-                        timeout=300)
+                        timeout=300, env={"PYTHONPATH": tests})
     assert proc.returncode == 0, describe(proc)
     assert "all compiled properties hold" in proc.stdout, describe(proc)
 
@@ -368,7 +371,7 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 # --------------------------------------------------------------------------- the API sweep
-# Issue 30: every public callable of ``kernels`` (each module's ``__all__``) gets drawn
+# Every public callable of ``kernels`` (each module's ``__all__``) gets drawn
 # arguments -- tensors of every dtype kind (real, integer, bool, complex), on cpu, meta
 # and cuda (when present), of any rank and value class; scalars valid or not -- and
 # must either return or raise a ValueError/TypeError whose message names one of its
@@ -399,7 +402,7 @@ NOT_SWEPT = {
     "lookup.LookupGatherFunction": "an autograd.Function: swept through lookup_gather",
 }
 #: Callables the sweep still finds unclear errors in, each an xfail until fixed (the
-#: to-do list; issue 30's second round emptied it). An entry needs a reason that is a
+#: to-do list, empty now). An entry needs a reason that is a
 #: design decision, not a missing check.
 SWEEP_GAPS: dict[str, str] = {}
 #: Arguments where a tensor of that kind is documented as accepted.

@@ -450,7 +450,8 @@ def test_bert_snnk_counts_macs_match_torch_flop_counter() -> None:
 
 
 def test_degenerate_input_is_named() -> None:
-    """Issue 14: a raw matmul error, a torch INTERNAL ASSERT and a NaN before."""
+    """Degenerate input gets an error that names it, not a raw matmul error, a torch INTERNAL
+    ASSERT or a NaN."""
     from kernels.snnk import SNNKLinear, balanced_input_scale, least_squares
 
     layer = SNNKLinear(4, 3, 8, generator=torch.Generator().manual_seed(0))

@@ -264,7 +264,7 @@ constexpr int64_t kGatherPrefetch = GATHER_PREFETCH;
 // gather (accumulate_tile, y in L1) 341-364 ms in the same run. With every row in the L2
 // (codes % 4) the 128-column gather takes ~175-210 ms: the rest is waiting for rows. Transparent huge pages for the tables changed nothing
 // (311 against 321 ms): not TLB misses.
-// Issue 15 (Zen 5 EPYC, 1 thread pinned, load 1.1-1.8, medians of 5 interleaved runs,
+// Tried (Zen 5 EPYC, 1 thread pinned, load 1.1-1.8, medians of 5 interleaved runs,
 // 32768 tokens, (256, 8, 64); each variant a -D build of this file; base fp16 gather
 // 246-253 ms, in L2 209-216 ms): every variant below gave bit-identical outputs, none a
 // faster gather from memory, so none is kept.
@@ -290,7 +290,7 @@ constexpr int64_t kGatherPrefetch = GATHER_PREFETCH;
 // (Note: "in L2" there is codes % 4, whose rows lie 256 KiB apart in the tables -- the
 // same L2 sets -- so most of them come from the L3 after all. From the L1 the loop runs
 // at ~7 cycles per 128-column step (8 vcvtph2ps + 8 FMAs), ~57 ms for the whole gather.)
-// Issue s7 (same machine, 1 thread pinned to CPU 1, interleaved runs against the same
+// Also tried (same machine, 1 thread pinned to CPU 1, interleaved runs against the same
 // build without the change; fused fp16 ~455-475 ms, gather ~255-265 ms): none of these
 // faster, none kept (all gave the same sums, in the same order, as the code below).
 //  * table-major order (for each table, every token of the super-tile; partial sums in
@@ -733,7 +733,7 @@ torch::Tensor lookup_forward_cpu(const torch::Tensor& z, const torch::Tensor& ta
 // inputs of a block, each step one load per output vector, one broadcast per token and
 // R * CV fused multiply-adds (R = 6, CV = 4 with AVX-512: 24 accumulators of 32
 // registers). The FWHT of each row is the vector kernel above, on rows in L1.
-// Measured (issue s7, 1 thread pinned to CPU 1, 32768 tokens, (256, 8, 64)): the block
+// Measured (1 thread pinned to CPU 1, 32768 tokens, (256, 8, 64)): the block
 // product is ~135-140 ms of the ~205 ms hash, 34.4 GFLOP at ~245-255 GFLOP/s, against a
 // measured peak of 263 GFLOP/s for independent zmm FMAs on this core (2 per cycle at
 // ~4.1 GHz): ~93-95 % of the FMA peak, so the rest of the hash (FWHT passes, copies,
@@ -777,7 +777,7 @@ inline void block_matmul_generic(const T* __restrict in, T* __restrict out,
 #ifdef NNK_FWHT_VECTOR
 // The same product with an R x CV register block of float vectors (rows a multiple of
 // R, b a multiple of CV lanes).
-// Tried (issue s7): the FWHT's stages within a block applied to the accumulators before
+// Tried: the FWHT's stages within a block applied to the accumulators before
 // they are stored (adds and masked subtracts on the adder pipes). No faster (fused fp16
 // 431-443 against 435-438 ms), and under -ffast-math its float32 sums differed from the
 // FWHT pass's by ~1e-6: the projection then no longer equalled BHProjection.forward bit

@@ -248,7 +248,7 @@ def fc_kernel(
     ``(n1, n2)``. Computed in float64 and returned in ``x1``'s dtype; cost
     :math:`O(n_1 n_2 (d + \\text{depth}))` time, :math:`O(n_1 n_2)` memory.
 
-    Exact and differentiable (issue 30): the ReLU angle is
+    Exact and differentiable: the ReLU angle is
     :math:`\\mathrm{atan2}(\\sqrt{\\max(v_1 v_2 - c^2, 0)}, c)` (see :func:`_relu_step`), 0
     exactly on the diagonal and at identical or collinear rows (within the rounding
     noise of the first layer's dot products), so that e.g. depth 5 at ``[[1., 1.]]``

@@ -142,7 +142,7 @@ def test_fully_fused_bh_kernel_matches_torch(dtype, d_model, h, tau, block) -> N
     torch.testing.assert_close(direct.reshape(want.shape), want, rtol=tol, atol=tol)
 
 
-# The fused kernels' tiling (issue 15): hash tiles of 48 tokens, register blocks of 6 / 8 /
+# The fused kernels' tiling: hash tiles of 48 tokens, register blocks of 6 / 8 /
 # 12 tokens (blocks of 64 / 32 / 16 with AVX-512), super-tiles of 480 tokens for the
 # gather, output columns in passes of 128 and 16 plus a scalar tail. The token counts and
 # d_out below straddle every one of those boundaries (1, 47, 49, 481 tokens; d_out = 5 is

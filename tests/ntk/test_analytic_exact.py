@@ -1,4 +1,4 @@
-"""fc_kernel against a high-precision recursion and its derivatives (issue 30).
+"""fc_kernel against a high-precision recursion and its derivatives.
 
 The reference is the same layer recursion (Jacot et al. 2018, Thm. 1; arc-cosine and
 arcsine kernels, chapter 1) in mpmath at 50 significant digits, started from the exact

@@ -121,8 +121,8 @@ def test_bad_input(call, exc, match):
 
 # ------------------------------------------------------------------ empty and odd input
 def test_empty_batch_and_zero_channels_give_empty_results_not_fft_errors() -> None:
-    """Issue 14: an empty batch raised an MKL FFT error; now the result is empty, with
-    gradients, like the dense product's."""
+    """An empty batch gives an empty result, with gradients, like the dense product's (not an MKL
+    FFT error)."""
     from kernels.toeplitz import (FDTNO, SKITNO, TNO, causal_kernel_from_real_response,
                                   discrete_hilbert, ski_matvec, toeplitz_dense, toeplitz_matvec)
 
