@@ -14,6 +14,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from minibook import ROOT, build, make_book
@@ -27,7 +28,10 @@ RECORD = {"chapter": "page", "profile": "record", "note": "", "recorded": "2026-
           "machine": {"cpu": "Test CPU", "logical_cores": 2, "threads": 1},
           "values": {"pg_gap": 3.14159, "pg_steps": 2000, "pg_verdict": "better", "pg_inf": "inf"}}
 PROSE = ("md", "Gap {recorded}`pg_gap:.2f` dB after {recorded}`pg_steps` steps, "
-               "{recorded}`pg_verdict`; unrecorded {recorded}`pg_new:.1f`.")
+               "{recorded}`pg_verdict`; unrecorded {recorded}`pg_new:.1f`. Recorded {recorded}`@recorded` "
+               "in {recorded}`@minutes:.0f` minutes. Speed-up {benchmark}`pg:rows[h=2,tau=8].speedup:.1f`.")
+BENCH = {"machine": {"cpu": "Test CPU", "torch_threads": 1, "date": "2026-11-27 03:54 UTC"},
+         "rows": [{"h": 2, "tau": 4, "speedup": 1.0}, {"h": 2, "tau": 8, "speedup": 2.345}]}
 TEACHING = ("code", "from nnk_book import Recorder\nrecord = Recorder()\nrecord('pg_new', 1.5)")
 
 
@@ -46,14 +50,20 @@ def test_provenance_says_profile_commit_date_and_currency() -> None:
     assert "record run of 2026-11-29, commit abc1234, Test CPU, 1 thread(s)" in line
     assert "currency not checked: the record has no teaching fingerprint" in line
     assert recorded.mark(RECORD, True) == "record" and recorded.mark(RECORD, False) == "record, stale"
+    resumed = {**RECORD, "earlier_starts_seconds": [120.0]}
+    assert [recorded.record_fact(resumed, f) for f in ("recorded", "minutes", "starts", "threads", "profile", "commit")] == [
+        "2026-11-29", 3.0, 2, 1, "record", "abc1234"]
 
 
 def _book(tmp_path: Path, cells: list, record: dict | None) -> Path:
     """A mini book whose chapter ``page`` has ``record`` (if any), with a scorecard page that has
     the chapter's provenance anchor, as book/tools/scorecard_page.py writes it."""
     book = make_book(tmp_path, cells)
-    (book / "book" / "scorecard.md").write_text(
-        "# Reproduction scorecard\n\n* <span id=\"provenance-page\"></span>Chapter `page`: a record.\n")
+    import scorecard_page
+
+    (book / "book" / "scorecard.md").write_text("# Reproduction scorecard\n\n" + scorecard_page.provenance("page", []) + "\n")
+    (book / "benchmarks" / "results").mkdir(parents=True)
+    (book / "benchmarks" / "results" / "bench_pg.json").write_text(json.dumps(BENCH))
     toc = yaml.safe_load((book / "_toc.yml").read_text())
     toc["chapters"].append({"file": "book/scorecard"})
     (book / "_toc.yml").write_text(yaml.safe_dump(toc))
@@ -74,20 +84,23 @@ def test_role_renders_the_record_with_its_provenance(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     page = _page(book)
     spans = re.findall(r'<span class="nnk-recorded" title="([^"]*)">([^<]*)</span>', page)
-    assert [text for _, text in spans] == ["3.14", "2000", "better"], spans
+    assert [text for _, text in spans] == ["3.14", "2000", "better", "2026-11-29", "1", "2.3"], spans
+    assert "bench_pg.json, run 2026-11-27 03:54 UTC on Test CPU, 1 torch thread(s)" in html.unescape(spans[-1][0])
     title = html.unescape(spans[0][0])
     assert "record run of 2026-11-29, commit abc1234" in title and "currency not checked" in title, title
     # the mark after each value links to the chapter's line on the scorecard page
     links = re.findall(r'<a class="reference internal" href="([^"]+)"[^>]*><sup>\[([^]]+)\]</sup></a>', page)
-    assert links == [("../book/scorecard.html#provenance-page", "record, currency not checked")] * 3, links
+    assert links == [("../book/scorecard.html#provenance-page", "record, currency not checked")] * 5, links
     assert 'unrecorded <span class="nnk-recorded nnk-not-recorded">(not recorded)' in page
 
 
 def test_misspelt_name_fails_the_build(tmp_path: Path) -> None:
-    book = _book(tmp_path, [("md", "A typo: {recorded}`pg_gpa:.2f`.")], RECORD)
+    book = _book(tmp_path, [("md", "A typo: {recorded}`pg_gpa:.2f`, {recorded}`@minuets`, "
+                                   "{benchmark}`pg:rows[h=2].speedup`.")], RECORD)
     proc = build(book)
     assert proc.returncode != 0
-    assert "pg_gpa" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "'pg_gpa'" in out and "'@minuets'" in out and "selects 2 rows" in out
 
 
 def test_chapter_without_a_record_reads_not_recorded(tmp_path: Path) -> None:
@@ -96,6 +109,15 @@ def test_chapter_without_a_record_reads_not_recorded(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "(not recorded)" in _page(book)
 
+
+
+def test_benchmark_paths() -> None:
+    assert recorded.select(BENCH, "rows[h=2,tau=8].speedup") == 2.345
+    assert recorded.select(BENCH, "rows[0].tau") == 4
+    assert recorded.select(BENCH, "machine.cpu") == "Test CPU"
+    for bad in ("rows[h=3].speedup", "rows[h=2].speedup", "nothing", "rows[h=2,tau=8].nothing"):
+        with pytest.raises(LookupError):
+            recorded.select(BENCH, bad)
 
 
 def _staged(srcdir: Path, values: dict, threads: int) -> None:

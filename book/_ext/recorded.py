@@ -18,6 +18,17 @@ chapter's executed notebook as this build renders it (``chapters/<chapter>.ipynb
 staged book), at the thread count the runner wrote beside it. A build that executes the
 notebooks itself has no executed file to read, and the mark says "currency not checked".
 
+A name that starts with ``@`` is a fact about the record itself rather than one of its values:
+``@recorded`` (its date), ``@minutes`` (wall time over all its starts), ``@starts``, ``@threads``,
+``@profile`` and ``@commit``, as in "recorded {recorded}`@recorded` in {recorded}`@minutes:.0f`
+minutes".
+
+The role ``{benchmark}`` does the same for a committed benchmark result,
+``benchmarks/results/bench_<name>.json``: ``{benchmark}`lookup:rows[h=256,tau=8].speedup:.2f```
+is the field ``speedup`` of the one row of the list ``rows`` whose ``h`` is 256 and ``tau`` 8;
+its tooltip names the machine and date of the benchmark run. A path that selects nothing, or more
+than one row, warns.
+
 A name the record lacks renders "(not recorded)". When the name is in none of the chapter's
 records and the chapter's teaching run does not glue it either, the role also warns, so that a
 ``-W`` build catches a misspelt name. A chapter without any record renders "(not recorded)"
@@ -27,6 +38,7 @@ without a warning.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +91,17 @@ def _teaching(srcdir: Path, chapter: str) -> tuple[dict[str, Any] | None, int | 
     except (KeyError, TypeError, ValueError, OSError):
         pass
     return values, threads
+
+
+def record_fact(data: dict[str, Any], name: str) -> Any:
+    """The fact ``@name`` about a record (see the module docstring); ``KeyError`` for another name."""
+    from nnk_book.records import run_seconds, run_starts
+
+    seconds = run_seconds(data)
+    facts = {"recorded": data.get("recorded"), "minutes": None if seconds is None else seconds / 60,
+             "starts": run_starts(data), "threads": data.get("machine", {}).get("threads"),
+             "profile": data.get("profile"), "commit": data.get("commit")}
+    return facts[name]
 
 
 def page_glue(document: nodes.document) -> dict[str, Any] | None:
@@ -143,8 +166,17 @@ class RecordedRole(SphinxRole):
             return [nodes.inline(NOT_RECORDED, NOT_RECORDED, classes=["nnk-recorded", "nnk-not-recorded"])], []
         found = _CACHE[key]
         data = found["record"]
-        values = (data or {}).get("values", {})
-        if name not in values:
+        values = dict((data or {}).get("values", {}))
+        if name.startswith("@"):
+            try:
+                values = {name: record_fact(data or {}, name[1:])}
+            except KeyError:
+                logger.warning(f"recorded: {name!r} is not a fact of a record (@recorded, @minutes, @starts, "
+                               "@threads, @profile, @commit)", location=self.get_location(), type="nnk",
+                               subtype="recorded")
+                values = {}
+            found = {**found, "known": found["known"] | {name}}
+        if name not in values or values[name] is None:
             if data is not None and name not in found["known"]:
                 logger.warning(f"recorded: no record of {chapter} has {name!r}, and its teaching run does "
                                "not glue it", location=self.get_location(), type="nnk", subtype="recorded")
@@ -160,6 +192,64 @@ class RecordedRole(SphinxRole):
         label = mark(data, found["current"])
         source = recorded_source("", "", classes=["nnk-recorded-source"], chapter=chapter, label=label)
         return [value, source], []
+
+
+_STEP = re.compile(r"(?P<key>[^.\[\]]+)(?:\[(?P<select>[^\]]*)\])?")
+
+
+def select(data: Any, path: str) -> Any:
+    """The value at ``path`` in a benchmark's results: dot-separated keys, a key followed by
+    ``[i]`` (an index) or ``[name=value,...]`` (the one row of a list whose fields have those
+    values, compared as text). ``LookupError`` when the path selects nothing or several rows."""
+    here = data
+    for step in _split_path(path):
+        m = _STEP.fullmatch(step)
+        if m is None or not isinstance(here, dict) or m["key"] not in here:
+            raise LookupError(f"no {step!r} in the results at this point of {path!r}")
+        here = here[m["key"]]
+        if m["select"] is None:
+            continue
+        if re.fullmatch(r"-?\d+", m["select"].strip()):
+            here = here[int(m["select"])]
+            continue
+        wanted = dict(part.split("=", 1) for part in m["select"].split(",") if "=" in part)
+        rows = [r for r in here if isinstance(r, dict)
+                and all(str(r.get(k.strip())) == v.strip() for k, v in wanted.items())]
+        if len(rows) != 1:
+            raise LookupError(f"{step!r} selects {len(rows)} rows of {m['key']!r}, not one")
+        here = rows[0]
+    return here
+
+
+def _split_path(path: str) -> list[str]:
+    steps, depth, start = [], 0, 0
+    for i, ch in enumerate(path):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "." and depth == 0:
+            steps.append(path[start:i])
+            start = i + 1
+    return steps + [path[start:]]
+
+
+class BenchmarkRole(SphinxRole):
+    """``{benchmark}`name:path[:format]```: a value of ``benchmarks/results/bench_<name>.json``."""
+
+    def run(self) -> tuple[list[nodes.Node], list[nodes.system_message]]:
+        name, _, rest = self.text.strip().partition(":")
+        path, _, spec = rest.partition(":")
+        file = Path(self.env.srcdir) / "benchmarks" / "results" / f"bench_{name.strip()}.json"
+        try:
+            data = json.loads(file.read_text())
+            value = select(data, path.strip())
+            text = format_value(value, spec.strip())
+        except (OSError, ValueError, LookupError, TypeError) as err:
+            logger.warning(f"benchmark: {self.text!r}: {err}", location=self.get_location(), type="nnk",
+                           subtype="recorded")
+            return [nodes.inline(NOT_RECORDED, NOT_RECORDED, classes=["nnk-recorded", "nnk-not-recorded"])], []
+        machine = data.get("machine", {})
+        title = (f"benchmarks/results/{file.name}, run {machine.get('date', '?')} on {machine.get('cpu', '?')}"
+                 + (f", {machine['torch_threads']} torch thread(s)" if "torch_threads" in machine else ""))
+        return [recorded_value(text, text, classes=["nnk-recorded"], title=title)], []
 
 
 def resolve_sources(app: Any, doctree: nodes.document, docname: str) -> None:
@@ -208,6 +298,7 @@ def setup(app: Any) -> dict[str, Any]:
     app.add_node(recorded_value, html=(visit_value_html, depart_value_html),
                  latex=other, text=other, man=other, texinfo=other)
     app.add_role("recorded", RecordedRole())
+    app.add_role("benchmark", BenchmarkRole())
     app.connect("builder-inited", _forget)
     app.connect("doctree-resolved", resolve_sources)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
