@@ -128,3 +128,12 @@ def test_explorer_responds_and_console_is_clean(widget_book: Path) -> None:
         math = tab.locator("mjx-container").count()
     assert math >= 2
     assert not log.problems(), log.problems()
+
+
+def test_local_extensions_are_registered_and_present() -> None:
+    """Every extension _config.yml loads exists in book/_ext, and the {recorded} role's is among them."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    local = config["sphinx"]["local_extensions"]
+    assert "recorded" in local
+    for name, folder in local.items():
+        assert (ROOT / folder / f"{name}.py").exists(), name

@@ -73,19 +73,21 @@ def test_parameters_cell_is_teaching_scale_and_larger_profiles_change_it(path: P
 
 def test_profiles_are_the_three_scales() -> None:
     """Three scales: ci (teaching), record (about 90 min per chapter on two cores), paper; a
-    record run fits its budget of 90 min; ``full`` is only an alias of ``paper``."""
+    record run fits its budget of 90 min; the scale once called ``full`` is ``paper`` and its old
+    name is refused."""
     import yaml
 
     data = yaml.safe_load(run_chapters.PROFILES.read_text())
     assert sorted(data) == ["ci", "paper", "record"]
     assert all(spec["budget_s"] <= 5400 for spec in run_chapters.load_profile("record").values())
-    assert run_chapters.load_profile("full") == run_chapters.load_profile("paper")
+    with pytest.raises(SystemExit, match="unknown profile"):
+        run_chapters.load_profile("full")
 
 
 def test_chapters_say_how_to_run_at_paper_scale() -> None:
     for path in NOTEBOOKS:
         text = "\n".join(c.source for c in _nb(path).cells[:4] if c.cell_type == "markdown")
-        assert any(f"PROFILE={p}" in text or f"--profile {p}" in text for p in ("full", "record", "paper")), (
+        assert any(f"PROFILE={p}" in text or f"--profile {p}" in text for p in ("record", "paper")), (
             f"{path.name}: the opening cells must say how to run the paper-scale version")
 
 

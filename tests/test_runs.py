@@ -5,7 +5,7 @@ chapter beside its own run. These tests keep the records honest: each names an e
 chapter and profile, holds only results the chapter still records (a renamed result
 would otherwise vanish from the chapter's table without notice), and meets the claims
 that ``tests/expected/<chapter>.yaml`` makes for that profile (section ``<profile>_checks``:
-``record_checks``, ``paper_checks``, or ``full_checks`` for the older profile's records).
+``record_checks`` or ``paper_checks``).
 The recorder itself is tested on a synthetic executed notebook.
 """
 
@@ -22,6 +22,7 @@ import yaml
 
 from record_run import RECORD_META, record, results_of_this_run
 from nnk_book import checks as claim_checks
+from nnk_book.records import RECORD_PROFILES
 from test_chapters import load_expected, parse_expected
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,8 +75,7 @@ def test_record_is_well_formed(path: Path) -> None:
     assert path.name == f"{data['chapter']}.{data['profile']}.json"
     assert (ROOT / "chapters" / f"{data['chapter']}.ipynb").exists()
     profiles = yaml.safe_load((ROOT / "book" / "profiles.yaml").read_text())
-    # ``full`` preceded ``record`` and ``paper`` (issue 29); its records stay readable.
-    assert data["profile"] in profiles or data["profile"] == "full"
+    assert data["profile"] in profiles and data["profile"] in RECORD_PROFILES
     patterns = recorded_name_patterns(data["chapter"])
     stale = [name for name in data["values"] if not any(p.fullmatch(name) for p in patterns)]
     assert not stale, f"{path.name} holds results the chapter no longer records: {stale}"
@@ -270,23 +270,23 @@ def _executed(tmp_path: Path, *, chapter: str = "02_random_features", exception:
 
 
 def test_record_writes_the_glued_values(tmp_path: Path) -> None:
-    out = record(_executed(tmp_path), "full", "a note", 2, out_dir=tmp_path / "runs")
+    out = record(_executed(tmp_path), "record", "a note", 2, out_dir=tmp_path / "runs")
     data = json.loads(out.read_text())
-    assert out.name == "02_random_features.full.json"
+    assert out.name == "02_random_features.record.json"
     assert data["values"] == {"rf_x": 1.5, "rf_y": "inf"}  # rf_full_x: an earlier record's value, left out
     assert data["seconds"] == 12.3 and data["parameters"] == {"seed": 0} and data["note"] == "a note"
     assert data["machine"]["threads"] == 2 and data["machine"]["logical_cores"] >= 1
 
 
 def test_a_resumed_run_keeps_its_earlier_starts(tmp_path: Path) -> None:
-    out = record(_executed(tmp_path), "full", "", 2, out_dir=tmp_path / "runs", earlier_seconds=[3385.4, 3121])
+    out = record(_executed(tmp_path), "record", "", 2, out_dir=tmp_path / "runs", earlier_seconds=[3385.4, 3121])
     data = json.loads(out.read_text())
     assert data["seconds"] == 12.3 and data["earlier_starts_seconds"] == [3385.4, 3121.0]
-    assert "earlier_starts_seconds" not in json.loads(record(_executed(tmp_path), "full", "", 2,
+    assert "earlier_starts_seconds" not in json.loads(record(_executed(tmp_path), "record", "", 2,
                                                              out_dir=tmp_path / "one").read_text())
     for bad in ([0.0], [-5.0], [float("nan")]):
         with pytest.raises(ValueError, match="earlier_seconds"):
-            record(_executed(tmp_path), "full", "", 2, out_dir=tmp_path / "bad", earlier_seconds=bad)
+            record(_executed(tmp_path), "record", "", 2, out_dir=tmp_path / "bad", earlier_seconds=bad)
 
 
 def test_only_copies_of_an_earlier_record_are_left_out() -> None:
@@ -313,9 +313,11 @@ def test_what_show_recorded_run_glues_is_left_out() -> None:
 
 def test_record_refuses_failed_or_foreign_runs(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="raised in cell"):
-        record(_executed(tmp_path, exception=True), "full", "", None, out_dir=tmp_path / "runs")
+        record(_executed(tmp_path, exception=True), "record", "", None, out_dir=tmp_path / "runs")
     with pytest.raises(ValueError, match="not an executed chapter"):
-        record(_executed(tmp_path, chapter="no_such_chapter"), "full", "", None, out_dir=tmp_path / "runs")
+        record(_executed(tmp_path, chapter="no_such_chapter"), "record", "", None, out_dir=tmp_path / "runs")
+    with pytest.raises(ValueError, match="profile"):  # only the recorded scales, largest first: paper, record
+        record(_executed(tmp_path), "full", "", None, out_dir=tmp_path / "runs")
 
 
 def test_record_survives_a_full_disk(tmp_path: Path) -> None:
@@ -326,7 +328,7 @@ def test_record_survives_a_full_disk(tmp_path: Path) -> None:
     import sys
 
     runs = tmp_path / "runs"
-    old = record(_executed(tmp_path), "full", "the previous record " + "x" * 600, 2, out_dir=runs)
+    old = record(_executed(tmp_path), "record", "the previous record " + "x" * 600, 2, out_dir=runs)
     before = old.read_bytes()
     assert len(before) > 900
     script = (
@@ -335,7 +337,7 @@ def test_record_survives_a_full_disk(tmp_path: Path) -> None:
         "from record_run import record\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (400, 400))\n"
-        f"record(Path({str(tmp_path / 'executed.ipynb')!r}), 'full', 'new ' + 'y' * 600, 2, out_dir=Path({str(runs)!r}))\n"
+        f"record(Path({str(tmp_path / 'executed.ipynb')!r}), 'record', 'new ' + 'y' * 600, 2, out_dir=Path({str(runs)!r}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1",

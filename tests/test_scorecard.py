@@ -492,15 +492,15 @@ def test_page_agrees_with_the_executed_chapters(executed_chapters, executed_dir,
 
 
 def test_chapters_show_their_largest_current_record(monkeypatch) -> None:
-    """nnk_book.records.largest_recorded_run: paper before record before the older full;
+    """nnk_book.records.largest_recorded_run: paper before record;
     a current record before a stale one of a larger scale."""
     from nnk_book import records
 
     found = {}
-    monkeypatch.setattr(records, "recorded_run", lambda chapter, profile: found.get(profile))
+    monkeypatch.setattr(records, "recorded_run", lambda chapter, profile, runs=None: found.get(profile))
     assert records.largest_recorded_run("01_ntk") is None
-    found["full"] = {"profile": "full", "current": False}
-    assert records.largest_recorded_run("01_ntk")["profile"] == "full"
+    found["record"] = {"profile": "record", "current": False}
+    assert records.largest_recorded_run("01_ntk")["profile"] == "record"
     found["record"] = {"profile": "record", "current": True}
     assert records.largest_recorded_run("01_ntk")["profile"] == "record"
     found["paper"] = {"profile": "paper", "current": False}

@@ -98,21 +98,24 @@ def _code_hash_at(commit: str, chapter: str) -> str | None:
     return None if text is None else hash_cells(nbformat.reads(text, as_version=4))
 
 
-def recorded_run(chapter: str, profile: str = "full") -> dict[str, Any] | None:
-    """The recorded run of ``chapter`` under ``profile``, or ``None`` when there is none.
+def recorded_run(chapter: str, profile: str, runs: Path | None = None) -> dict[str, Any] | None:
+    """The recorded run of ``chapter`` under ``profile`` (``record`` or ``paper``), or ``None``
+    when there is none. ``runs``: the folder of records (default ``book/runs``).
 
     Adds ``current``: whether the chapter's code cells are still those the run executed
     (``code_hash`` in the record, or the chapter at the record's ``commit``); ``False``
     means the record predates changes to the experiments and should be re-recorded with
-    ``make record``; ``None`` when that cannot be told.
+    ``make record``; ``None`` when that cannot be told (also for a chapter that has no
+    notebook in ``chapters/``). The scorecard's finer rule is :func:`record_currency`.
     """
-    path = RUNS / f"{_check_name(chapter, 'chapter')}.{_check_name(profile, 'profile')}.json"
+    path = (RUNS if runs is None else Path(runs)) / f"{_check_name(chapter, 'chapter')}.{_check_name(profile, 'profile')}.json"
     if not path.exists():
         return None
     data = json.loads(path.read_text())
+    notebook = ROOT / "chapters" / f"{chapter}.ipynb"
     then = data.get("code_hash") or _code_hash_at(str(data.get("commit", "")), chapter)
-    now = code_hash(ROOT / "chapters" / f"{chapter}.ipynb")
-    data["current"] = None if then is None else then == now
+    now = code_hash(notebook) if notebook.exists() else None
+    data["current"] = None if then is None or now is None else then == now
     return data
 
 
@@ -221,9 +224,9 @@ def record_currency(data: Mapping[str, Any], teaching: Mapping[str, Any] | None,
     return True, None
 
 
-#: Recorded scales, largest first: ``paper`` (the papers' settings), ``record`` (the largest
-#: that fit about 90 min on two cores) and ``full`` (the profile these two replaced).
-RECORD_PROFILES = ("paper", "record", "full")
+#: Recorded scales, largest first: ``paper`` (the papers' settings) and ``record`` (the largest
+#: that fit about 90 min on two cores).
+RECORD_PROFILES = ("paper", "record")
 
 
 def run_seconds(data: Mapping[str, Any]) -> float | None:
@@ -239,12 +242,49 @@ def run_starts(data: Mapping[str, Any]) -> int:
     return 1 + len(data.get("earlier_starts_seconds", []))
 
 
-def largest_recorded_run(chapter: str) -> dict[str, Any] | None:
+def largest_recorded_run(chapter: str, runs: Path | None = None) -> dict[str, Any] | None:
     """The chapter's record at the largest scale that has one, preferring a current record
-    (:func:`recorded_run`); ``None`` when the chapter has no record."""
-    found = [r for r in (recorded_run(chapter, p) for p in RECORD_PROFILES) if r is not None]
+    (:func:`recorded_run`'s ``current``); ``None`` when the chapter has no record."""
+    found = [r for r in (recorded_run(chapter, p, runs) for p in RECORD_PROFILES) if r is not None]
     current = [r for r in found if r["current"]]
     return (current or found or [None])[0]
+
+
+PROFILES = ROOT / "book" / "profiles.yaml"
+
+
+def profile_parameters(chapter: str, profile: str) -> dict[str, Any]:
+    """The parameters ``book/profiles.yaml`` gives ``chapter`` under ``profile`` (``{}`` when none)."""
+    import yaml
+
+    profiles = yaml.safe_load(PROFILES.read_text()) if PROFILES.exists() else {}
+    return dict(((profiles or {}).get(profile) or {}).get(chapter, {}).get("parameters") or {})
+
+
+def provenance_anchor(chapter: str) -> str:
+    """The HTML id of the chapter's line on the scorecard page that says where its records come from."""
+    return f"provenance-{_check_name(chapter, 'chapter')}"
+
+
+def current_record(chapter: str, teaching: Mapping[str, Any] | None, threads: int | None = None,
+                   runs: Path | None = None) -> tuple[dict[str, Any] | None, bool | None, str | None]:
+    """The chapter's record the book shows, by the scorecard's currency rule: the largest
+    current record (:func:`record_currency` against this build's teaching values ``teaching``,
+    run at ``threads``), else the largest whose currency cannot be told, else the largest
+    stale one. Returns ``(record, current, why)``; ``(None, None, None)`` when the chapter has
+    no record. ``runs``: the folder of records (default ``book/runs``)."""
+    patterns = list(machine_dependent(chapter))
+    found = []
+    for profile in RECORD_PROFILES:
+        data = recorded_run(chapter, profile, runs)
+        if data is not None:
+            current, why = record_currency(data, teaching, profile_parameters(chapter, profile), patterns, threads)
+            found.append((data, current, why))
+    for wanted in (True, None, False):
+        for entry in found:
+            if entry[1] is wanted:
+                return entry
+    return None, None, None
 
 
 def _show(value: Any, spec: str) -> str:
@@ -264,26 +304,28 @@ RECORD_META = ("recorded", "minutes", "threads", "current")
 
 
 def show_recorded_run(chapter: str, prefix: str, rows: Sequence[tuple[str, str, str]],
-                      this_run: dict[str, Any], record: Any, profile: str = "full") -> dict[str, Any] | None:
-    """Show a chapter's recorded paper-scale run beside this run, and glue its values.
+                      this_run: dict[str, Any], record: Any, profile: str | None = None) -> dict[str, Any] | None:
+    """Show a chapter's recorded run beside this run, and glue its values again.
+
+    Superseded by the book's ``{recorded}`` role (``book/_ext/recorded.py``), which renders a
+    recorded value into the prose at build time with its provenance, so that no number makes
+    the loop notebook → record → notebook → glue. Kept while chapters 2 and 3 still call it.
 
     Prints where the record comes from (date, commit, minutes, threads, note, and whether
     the chapter's code changed since), displays a table ``what | this run | recorded run``
     for ``rows`` of ``(what, glued name, format)``, and records every recorded value of the
     chapter as ``<prefix>_full_<name without prefix>`` (each row's "n/a" when the record lacks it)
-    plus
-    ``<prefix>_full_recorded``, ``_minutes``, ``_threads`` and ``_current`` for the
+    plus ``<prefix>_full_recorded``, ``_minutes``, ``_threads`` and ``_current`` for the
     prose. ``record`` is the chapter's :class:`~nnk_book.Recorder`. Returns the record.
-    With ``profile="full"`` (the chapters' default) the largest recorded scale is shown
-    (:func:`largest_recorded_run`: ``paper``, then ``record``, then the older ``full``).
+    ``profile``: ``record`` or ``paper``; by default the largest recorded scale
+    (:func:`largest_recorded_run`).
     """
     from IPython.display import display
 
     from nnk_book.results import html_table
 
-    data = largest_recorded_run(chapter) if profile == "full" else recorded_run(chapter, profile)
-    if data is not None:
-        profile = data.get("profile", profile)
+    data = largest_recorded_run(chapter) if profile is None else recorded_run(chapter, profile)
+    profile = (data or {}).get("profile", profile or "record")
     values = (data or {}).get("values", {})
     if data is None:
         print(f"book/runs/{chapter}.{profile}.json is missing: run `make record CHAPTERS={chapter}` "

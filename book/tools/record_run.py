@@ -9,8 +9,8 @@ repeat on every book build. This script reads the values the executed notebook g
 (``myst_nb.glue``), the parameters papermill injected and the run time, adds the date,
 the commit, the machine and a free-text note, and writes them to
 ``book/runs/<chapter>.<profile>.json`` (atomically: a failed write leaves the previous
-record intact). The page "Reproduction scorecard" shows each chapter's largest current record
-(chapters 2 and 3 also print theirs beside their own run's, in their section "At paper scale");
+record intact). The page "Reproduction scorecard" shows each chapter's largest current record,
+and the book's prose shows its values through the ``{recorded}`` role (``book/_ext/recorded.py``);
 ``tests/test_runs.py`` checks the recorded numbers against the claims in
 ``tests/expected/<chapter>.yaml`` (section ``<profile>_checks``).
 """
@@ -30,7 +30,7 @@ from typing import Any
 
 import nbformat
 
-from nnk_book.records import RECORD_META, fingerprint, hash_cells, machine_dependent
+from nnk_book.records import RECORD_META, RECORD_PROFILES, fingerprint, hash_cells, machine_dependent
 from nnk_book.files import atomic_write_text
 from nnk_book.results import read_glued
 
@@ -73,7 +73,8 @@ def executed_code_hash(nb: Any) -> str:
     return hash_cells(source)
 
 
-#: a name :func:`nnk_book.records.show_recorded_run` may have glued from an earlier record
+#: a name :func:`nnk_book.records.show_recorded_run` may have glued from an earlier record (chapters
+#: 2 and 3 until their "At paper scale" sections use the ``{recorded}`` role; then this goes)
 _COPY = re.compile(r"^(?P<prefix>[a-z0-9]+)_full_(?P<rest>.+)$")
 
 
@@ -152,6 +153,8 @@ def record(
     (the record stays current while a build's teaching values agree with it).
     ``declared``: the parameters set on top of the profile (``run_chapters.py --set``).
     """
+    if profile not in RECORD_PROFILES:
+        raise ValueError(f"profile must be one of the recorded scales {RECORD_PROFILES}, got {profile!r}")
     earlier = [float(x) for x in (earlier_seconds or [])]
     if any(not math.isfinite(x) or x <= 0 for x in earlier):
         raise ValueError(f"earlier_seconds must be positive numbers of seconds, got {earlier_seconds}")
@@ -208,7 +211,7 @@ def record(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("executed", type=Path, help="executed notebook (papermill output)")
-    parser.add_argument("--profile", default="record", choices=["record", "paper"],
+    parser.add_argument("--profile", default="record", choices=RECORD_PROFILES,
                         help="profile the notebook ran under (default: record)")
     parser.add_argument("--note", default="", help="how the run departed from the profile, and why")
     parser.add_argument("--threads", type=int, default=None,

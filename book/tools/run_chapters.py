@@ -89,8 +89,8 @@ SOURCE_DIRS = (ROOT / "kernels", ROOT / "data_scripts", ROOT / "book" / "nnk_boo
 SOURCE_FILES = (ROOT / "constraints.txt", ROOT / "pyproject.toml")
 SOURCE_SUFFIXES = {".py", ".cpp", ".h", ".cu", ".json"}
 REPORT_EVERY_S = 30.0
-# ``full`` was renamed ``paper`` (issue 29: ci, record, paper); the old name still works.
-PROFILE_ALIASES = {"full": "paper"}
+# Other names of profiles (none: the profiles are ci, record and paper).
+PROFILE_ALIASES: dict[str, str] = {}
 # Budgets (see the module docstring): hangs are caught by the absence of progress.
 STALL_S = 180.0        # no output and (almost) no CPU for this long: hung
 IDLE_CPU = 0.02        # CPU seconds per second (of one core) below which a tree is idle
@@ -611,7 +611,7 @@ def run(
     their own configurations there too (``$NN_KERNELS_DASK_SCHEDULER``).
 
     ``overrides`` are parameters injected on top of the profile's, in every chapter run
-    (e.g. ``{"use_real_data": False}`` for a full run on a machine without network).
+    (e.g. ``{"use_real_data": False}`` for a record run on a machine without network).
     ``use_cache`` (default: on, except under ``CI=true`` or ``NN_KERNELS_NO_CACHE=1``)
     reuses chapters whose cache key is unchanged. ``progress`` gets one line per event
     (``None`` for silence). Raises :class:`Interrupted` on Ctrl-C/SIGTERM, after killing

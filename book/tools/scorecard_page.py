@@ -25,13 +25,14 @@ import yaml
 
 from nnk_book import scorecard as sc
 from nnk_book.files import atomic_write_text
-from nnk_book.records import (EXPECTED, chapter_parameters, machine_dependent, parameter_deviations,
-                              record_currency, recorded_run, run_seconds, run_starts)
+from nnk_book.records import (EXPECTED, RECORD_PROFILES as LARGEST_FIRST, chapter_parameters, machine_dependent,
+                              parameter_deviations, provenance_anchor, record_currency, recorded_run, run_seconds,
+                              run_starts)
 from nnk_book.results import read_glued
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ROOT / "book" / "profiles.yaml"
-RECORD_PROFILES = ("record", "paper")  # recorded scales of nnk_book.scorecard.SCALES
+RECORD_PROFILES = tuple(reversed(LARGEST_FIRST))  # recorded scales of nnk_book.scorecard.SCALES, smallest first
 FIGURE = "scorecard_ratios.png"
 LABEL = re.compile(r"^[a-z0-9]+-[a-z0-9-]+$")  # the book's labels: chapter prefix, hyphen, name
 #: a short name per paper for the counts table's columns
@@ -293,8 +294,10 @@ def _filter_bar(results: Sequence[sc.ClaimResult]) -> str:
     return '<div class="nnk-filter-bar" role="group" aria-label="show claims by status">' + "".join(buttons) + "</div>"
 
 
-def provenance(chapter: str, scales: Sequence[sc.Scale]) -> str:
-    """One line per chapter: where each scale's values come from, and whether each record is current."""
+def provenance(chapter: str, scales: Sequence[sc.Scale], anchor: bool = True) -> str:
+    """One line per chapter: where each scale's values come from, and whether each record is current.
+    ``anchor``: give the line the id that the ``{recorded}`` role's marks link to
+    (:func:`nnk_book.records.provenance_anchor`; once per chapter on the page)."""
     parts = []
     for s in scales:
         if s.name == "teaching":
@@ -310,7 +313,8 @@ def provenance(chapter: str, scales: Sequence[sc.Scale]) -> str:
         parts.append(text)
     if not parts:
         parts.append("no run of the chapter in this build and no record")
-    return f"* Chapter `{chapter}`: " + "; ".join(parts) + "."
+    target = f'<span id="{provenance_anchor(chapter)}"></span>' if anchor else ""
+    return f"* {target}Chapter `{chapter}`: " + "; ".join(parts) + "."
 
 
 def draw_figure(results: Sequence[sc.ClaimResult], path: Path) -> bool:
@@ -416,6 +420,7 @@ def scorecard_markdown(data: Mapping[str, Any], results: Sequence[sc.ClaimResult
             "Each row folds out to the paper's words with their place, the tolerance and why it has that width, "
             "and the data. The buttons show the claims of one status.", "", _filter_bar(results)]
     scales = {r.claim["chapter"]: [m.scale for m in r.measurements] for r in results}
+    anchored: set[str] = set()
     for key, paper in data["papers"].items():
         mine = [r for r in results if r.claim["paper"] == key]
         counts = sc.count_statuses(mine)
@@ -424,7 +429,8 @@ def scorecard_markdown(data: Mapping[str, Any], results: Sequence[sc.ClaimResult
                 + "; ".join(f"{counts[s]} {s}" for s in sc.STATUSES if counts[s]) + ".", ""]
         chapters_here = sorted({r.claim["chapter"] for r in mine})
         for chapter in chapters_here:
-            out.append(provenance(chapter, scales[chapter]))
+            out.append(provenance(chapter, scales[chapter], anchor=chapter not in anchored))
+            anchored.add(chapter)
         for chapter in chapters_here:
             notes = record_notes(chapter, scales[chapter])
             if notes:
