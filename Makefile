@@ -40,8 +40,10 @@ test: env
 test-load: env
 	$(PY) book/tools/load_test.py $(if $(CHAPTERS),--chapters $(CHAPTERS))
 
+# book/lab holds the JupyterLab extension that renders the chapters' MyST (glued numbers,
+# references, notes, figure captions); --allow-root only when running as root (containers).
 lab: env
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters --LabApp.extra_labextensions_path=$(CURDIR)/book/lab $(if $(filter 0,$(shell id -u)),--allow-root)
 
 record: env
 	@test -n "$(CHAPTERS)" || { echo "make record needs CHAPTERS=\"...\" (a record run takes up to 90 min per chapter)"; exit 2; }
