@@ -172,7 +172,19 @@ def _demo_notebook(path: Path) -> None:
     nbformat.write(lab_metadata.fold(nb), str(path))
 
 
-def _check_notebook_reads(page, figures: int, folded: int) -> list[str]:
+def _expected(path: Path) -> dict[str, int]:
+    """How many figure captions and collapsed inputs and outputs the notebook at ``path`` has."""
+    cells = nbformat.read(str(path), as_version=4).cells
+    return {
+        "figures": sum(bool(c.metadata.get("mystnb", {}).get("figure", {}).get("caption")) for c in cells),
+        "folded": sum(c.cell_type == "code" and c.metadata.get("jupyter", {}).get("source_hidden", False)
+                      for c in cells),
+        "outputs_folded": sum(c.cell_type == "code" and c.metadata.get("jupyter", {}).get("outputs_hidden", False)
+                              for c in cells),
+    }
+
+
+def _check_notebook_reads(page, figures: int, folded: int, outputs_folded: int) -> list[str]:
     """What is wrong with the open notebook as a reader sees it (empty: nothing)."""
     wrong = []
     prose = "\n".join(page.locator(".jp-MarkdownCell .jp-RenderedMarkdown").all_inner_texts())
@@ -185,8 +197,11 @@ def _check_notebook_reads(page, figures: int, folded: int) -> list[str]:
     if len(captions) != figures or not all(re.match(r"Figure \d+\.\d+\. \S", c) for c in captions):
         wrong.append(f"expected {figures} figure captions, found {captions[:3]}")
     collapsed = page.locator(".jp-CodeCell .jp-InputPlaceholder").count()
-    if collapsed < folded:
+    if collapsed != folded:
         wrong.append(f"expected {folded} collapsed code cells, found {collapsed}")
+    collapsed = page.locator(".jp-CodeCell .jp-OutputPlaceholder").count()
+    if collapsed != outputs_folded:
+        wrong.append(f"expected {outputs_folded} collapsed outputs, found {collapsed}")
     return wrong
 
 
@@ -218,7 +233,34 @@ def test_demo_notebook_reads_as_in_the_book_after_run_all(tmp_path, lab_server) 
         assert "The error is 0.012 with relu [Jacot et al. 2018]" in prose, prose
         assert "Wide networks train like linear models and Figure 1.1." in prose, prose
         assert "In a note: 1.2e-02." in prose, prose
-        assert _check_notebook_reads(page, figures=1, folded=2) == []
+        assert _expected(root / "demo.ipynb") == {"figures": 1, "folded": 2, "outputs_folded": 1}
+        assert _check_notebook_reads(page, **_expected(root / "demo.ipynb")) == []
         assert page.locator(".nnk-lab-caption mjx-container, .nnk-lab-caption .MathJax").count() >= 1, \
             "the caption's math is not typeset"
         assert not log.problems(), log.problems()
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_chapter_reads_as_in_the_book_after_run_all(tmp_path, lab_server) -> None:
+    """Chapter 4 (the quickest at teaching scale) run in JupyterLab as a learner runs it.
+
+    The notebook is opened where ``make lab`` opens it (autosave is off: nothing is written
+    back), on one thread and an empty result store of its own. Several minutes.
+    """
+    chapter = ROOT / "chapters" / "04_toeplitz.ipynb"
+    before = chapter.read_bytes()
+    env = {"OMP_NUM_THREADS": "1", "NN_KERNELS_THREADS": "1", "NN_KERNELS_RESULTS": str(tmp_path / "results")}
+    with lab_server(chapter.parent, env=env) as url, browser_page(1280, 1000) as (page, log):
+        page.goto(url.format(path=chapter.name), timeout=120_000)
+        page.wait_for_selector(".jp-MarkdownCell .jp-RenderedMarkdown", timeout=120_000)
+        page.wait_for_timeout(2000)
+        run_all_cells(page)
+        page.wait_for_timeout(2000)
+        wait_until_idle(page, timeout_s=1500, quiet_s=10)
+        page.wait_for_timeout(2000)
+        page.screenshot(path=str(tmp_path / "chapter.png"))
+        wrong = _check_notebook_reads(page, **_expected(chapter))
+        assert not wrong, wrong
+        assert not log.problems(), log.problems()
+    assert chapter.read_bytes() == before, "the test wrote into the chapter"

@@ -12,7 +12,8 @@
 //   * references read as text from book/lab/nnk-lab/static/references.json (written by
 //     book/tools/lab_metadata.py): author-year citations, section titles, figure numbers;
 //   * directives become block quotes with their title, and (label)= lines disappear;
-// and it adds each figure's caption below its cell. Nothing is written to the notebook.
+// and it adds each figure's caption below its cell, and folds again after a run the
+// outputs that the book hides (JupyterLab unfolds a cell's outputs when it runs it).
 //
 // It is a prebuilt JupyterLab 4 federated extension written by hand (no build step):
 // this file is the webpack "remote entry" container that JupyterLab loads, and it takes
@@ -476,6 +477,17 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
           }
         }
         window.setInterval(refresh, 1000);
+
+        // JupyterLab shows a cell's outputs again whenever it runs the cell; fold them
+        // again when the book hides them (the reader can still unfold them).
+        var hideOutput = ['hide-output', 'remove-output', 'hide-cell', 'remove-cell'];
+        notebookModule.NotebookActions.executed.connect(function (_, args) {
+          var cell = args.cell;
+          var tags = (cell && cell.model && metadataOf(cell.model, 'tags')) || [];
+          if (cell.model.type === 'code' && tags.some(function (t) { return hideOutput.indexOf(t) >= 0; })) {
+            cell.outputHidden = true;
+          }
+        });
         tracker.widgetAdded.connect(function (_, panel) {
           panel.context.ready.then(refresh);
         });
