@@ -264,3 +264,14 @@ def test_chapter_reads_as_in_the_book_after_run_all(tmp_path, lab_server) -> Non
         assert not wrong, wrong
         assert not log.problems(), log.problems()
     assert chapter.read_bytes() == before, "the test wrote into the chapter"
+
+
+def test_make_lab_loads_the_extension_and_starts_as_root() -> None:
+    """``make lab`` puts book/lab on the extension path, and passes --allow-root only as root."""
+    import os
+
+    proc = subprocess.run(["make", "-n", "lab", "VENV=.venv"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if "jupyter lab" in line)
+    assert f"--LabApp.extra_labextensions_path={EXTENSION}" in line
+    assert ("--allow-root" in line) == (os.geteuid() == 0)
