@@ -187,13 +187,16 @@ def _expected(path: Path) -> dict[str, int]:
 def _check_notebook_reads(page, figures: int, folded: int, outputs_folded: int) -> list[str]:
     """What is wrong with the open notebook as a reader sees it (empty: nothing)."""
     wrong = []
-    prose = "\n".join(page.locator(".jp-MarkdownCell .jp-RenderedMarkdown").all_inner_texts())
+    # (textContent: JupyterLab does not lay out cells out of view, whose innerText is empty)
+    prose = "\n".join(page.locator(".jp-MarkdownCell .jp-RenderedMarkdown").all_text_contents())
+    if len(prose) < 100:
+        wrong.append(f"the prose is missing: {prose!r}")
     for raw in ("{glue:text}", "{cite}", "{ref}", "{numref}", "{doc}", "```{", ":::{", ")=\n"):
         if raw in prose:
             wrong.append(f"the prose shows {raw!r}")
     if "⟨" in prose:
         wrong.append(f"glued values missing after Run All: {re.findall(r'⟨[^⟩]*⟩', prose)[:5]}")
-    captions = page.locator(".nnk-lab-caption").all_inner_texts()
+    captions = [" ".join(c.split()) for c in page.locator(".nnk-lab-caption").all_text_contents()]
     if len(captions) != figures or not all(re.match(r"Figure \d+\.\d+\. \S", c) for c in captions):
         wrong.append(f"expected {figures} figure captions, found {captions[:3]}")
     collapsed = page.locator(".jp-CodeCell .jp-InputPlaceholder").count()
@@ -260,6 +263,9 @@ def test_chapter_reads_as_in_the_book_after_run_all(tmp_path, lab_server) -> Non
         wait_until_idle(page, timeout_s=1500, quiet_s=10)
         page.wait_for_timeout(2000)
         page.screenshot(path=str(tmp_path / "chapter.png"))
+        page.locator(".nnk-lab-caption").first.scroll_into_view_if_needed()
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(tmp_path / "chapter-figure.png"))
         wrong = _check_notebook_reads(page, **_expected(chapter))
         assert not wrong, wrong
         assert not log.problems(), log.problems()

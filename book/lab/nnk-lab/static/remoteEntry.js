@@ -267,6 +267,16 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
     return '`' + content + '`';
   }
 
+  function glueNames(source) {
+    var names = [];
+    source.replace(/\{glue(?::text)?\}`([^`]*)`/g, function (_, content) {
+      var colon = content.lastIndexOf(':');
+      names.push(colon >= 0 ? content.slice(0, colon) : content);
+      return '';
+    });
+    return names;
+  }
+
   function roles(line, state) {
     return line.replace(/\{([a-z][a-z:-]*)\}`([^`]*)`/g, function (_, name, content) {
       return role(name, content, state);
@@ -390,7 +400,7 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
         var source = String(model.data['text/markdown'] || '');
         var state = { values: values, index: index, pending: 0 };
         var text = mystToMarkdown(source, state);
-        this.nnkUsesGlue = /\{glue(:text)?\}`/.test(source);
+        this.nnkGlued = glueNames(source);
         this.node.dataset.nnkPending = String(state.pending);
         return super.render({
           data: Object.assign({}, model.data, { 'text/markdown': text }),
@@ -406,10 +416,12 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
       }
     }
 
-    function rerender(onlyGlue) {
+    function rerender(changed) {
+      // Render again every live renderer (changed: null), or those quoting a changed name.
       renderers.forEach(function (r) {
         if (r.isDisposed) { renderers.delete(r); return; }
-        if ((!onlyGlue || r.nnkUsesGlue) && r.nnkModel) void r.renderModel(r.nnkModel);
+        var affected = changed === null || r.nnkGlued.some(function (name) { return changed.has(name); });
+        if (affected && r.nnkModel) void r.renderModel(r.nnkModel);
       });
     }
 
@@ -458,7 +470,7 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
         fetch(INDEX_URL).then(function (r) { return r.ok ? r.json() : {}; }).catch(function () { return {}; })
           .then(function (data) {
             index = data || {};
-            rerender(false);
+            rerender(null);
             tracker.forEach(addCaptions);
           });
 
@@ -471,9 +483,13 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
           });
           var next = JSON.stringify(merged);
           if (next !== signature) {
+            var changed = new Set();
+            Object.keys(merged).concat(Object.keys(values)).forEach(function (name) {
+              if (merged[name] !== values[name]) changed.add(name);
+            });
             signature = next;
             values = merged;
-            rerender(true);
+            rerender(changed);
           }
         }
         window.setInterval(refresh, 1000);
