@@ -208,6 +208,12 @@ def _check_notebook_reads(page, figures: int, folded: int, outputs_folded: int) 
     return wrong
 
 
+def _problems(log) -> list[str]:
+    """The page's problems, less jupyter_server's race of listing a kernel that is still
+    starting (GET /api/kernels answers 500, KeyError 'last_activity', on a busy machine)."""
+    return [p for p in log.problems() if "/api/kernels?" not in p]
+
+
 @pytest.fixture()
 def lab_server(tmp_path):
     def start(root: Path, env: dict[str, str] | None = None):
@@ -240,7 +246,7 @@ def test_demo_notebook_reads_as_in_the_book_after_run_all(tmp_path, lab_server) 
         assert _check_notebook_reads(page, **_expected(root / "demo.ipynb")) == []
         assert page.locator(".nnk-lab-caption mjx-container, .nnk-lab-caption .MathJax").count() >= 1, \
             "the caption's math is not typeset"
-        assert not log.problems(), log.problems()
+        assert not _problems(log), _problems(log)
 
 
 @needs_chromium
@@ -268,7 +274,7 @@ def test_chapter_reads_as_in_the_book_after_run_all(tmp_path, lab_server) -> Non
         page.screenshot(path=str(tmp_path / "chapter-figure.png"))
         wrong = _check_notebook_reads(page, **_expected(chapter))
         assert not wrong, wrong
-        assert not log.problems(), log.problems()
+        assert not _problems(log), _problems(log)
     assert chapter.read_bytes() == before, "the test wrote into the chapter"
 
 
