@@ -15,7 +15,7 @@ help:  ## list the targets
 	@echo "make test    every test: package, chapters (ci profile), book, browser"
 	@echo "make test-load [CHAPTERS=\"01_ntk ...\"]  chapters on one core shared with 2 busy loops"
 	@echo "               (3x busier) must pass, and a hanging cell must be stopped and named (~10 min)"
-	@echo "make lab     JupyterLab in .venv with chapters/ open (run a chapter as a reader would)"
+	@echo "make lab     JupyterLab in .venv with chapters/ open, read as in the book (run a chapter as a reader would)"
 	@echo "make env     only create/update .venv from constraints.txt"
 	@echo "make record  CHAPTERS=\"02_random_features\" [RECORD_PROFILE=record|paper] [SET=\"use_real_data=false\"] [NOTE=\"why\"]"
 	@echo "               record-scale runs (about 90 min each) of those chapters, in book/runs/<chapter>.<profile>.json"
@@ -40,8 +40,10 @@ test: env
 test-load: env
 	$(PY) book/tools/load_test.py $(if $(CHAPTERS),--chapters $(CHAPTERS))
 
+# book/lab holds the JupyterLab extension that renders the chapters' MyST (glued numbers,
+# references, notes, figure captions); --allow-root only when running as root (containers).
 lab: env
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=chapters --LabApp.extra_labextensions_path=$(CURDIR)/book/lab $(if $(filter 0,$(shell id -u)),--allow-root)
 
 record: env
 	@test -n "$(CHAPTERS)" || { echo "make record needs CHAPTERS=\"...\" (a record run takes up to 90 min per chapter)"; exit 2; }

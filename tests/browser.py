@@ -178,3 +178,96 @@ def current_position(kind: str, control: Any) -> int:
         if "mod-active" in (buttons.nth(i).get_attribute("class") or ""):
             return i
     raise AssertionError("no toggle button is active")
+
+
+# --- A live JupyterLab ----------------------------------------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def jupyterlab(root_dir: Path, state_dir: Path, extensions: Path,
+               env: dict[str, str] | None = None) -> Iterator[str]:
+    """A JupyterLab server on a free loopback port; yield its URL with the token.
+
+    Its configuration, data, settings and workspaces live in ``state_dir`` (a user's own
+    are not read), autosave is off so that a test never writes into ``root_dir``, and
+    ``extensions`` is added to the lab-extension path as ``make lab`` adds it.
+    """
+    import json
+    import os
+    import secrets
+    import sys
+    import time
+    import urllib.request
+
+    port, token = _free_port(), secrets.token_hex(16)
+    settings = state_dir / "settings" / "@jupyterlab" / "docmanager-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
+    news = state_dir / "settings" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True, exist_ok=True)
+    (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    server_env = dict(os.environ, **(env or {}),
+                      JUPYTER_CONFIG_DIR=str(state_dir / "config"),
+                      JUPYTER_DATA_DIR=str(state_dir / "data"),
+                      JUPYTER_RUNTIME_DIR=str(state_dir / "runtime"),
+                      JUPYTERLAB_SETTINGS_DIR=str(state_dir / "settings"),
+                      JUPYTERLAB_WORKSPACES_DIR=str(state_dir / "workspaces"))
+    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+               f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}",
+               f"--LabApp.extra_labextensions_path={extensions}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-root")
+    log = open(state_dir / "server.log", "w")
+    server = subprocess.Popen(command, env=server_env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5).read()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start: see {state_dir / 'server.log'}")
+                time.sleep(0.5)
+        yield f"{base}/lab/tree/{{path}}?token={token}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def run_all_cells(page: Any) -> None:
+    """Run every cell of the open notebook from the menu, as a reader would."""
+    page.click('.lm-MenuBar-itemLabel:text-is("Run")')
+    page.click('.lm-Menu-itemLabel:text-is("Run All Cells")')
+
+
+def wait_until_idle(page: Any, timeout_s: float, quiet_s: float = 5.0) -> None:
+    """Wait until the open notebook's kernel has been idle for ``quiet_s`` with no cell queued.
+
+    A queued or running cell shows ``[*]`` in its prompt (collapsed cells show no prompt,
+    hence the kernel status too; it is idle for a moment between two cells, hence the quiet
+    period).
+    """
+    page.wait_for_function(
+        """(quietMs) => {
+            const status = document.querySelector('.jp-Notebook-ExecutionIndicator');
+            const prompts = [...document.querySelectorAll('.jp-Notebook .jp-InputArea-prompt')];
+            const busy = !status || status.getAttribute('data-status') !== 'idle'
+                || prompts.some(p => p.textContent.includes('*'));
+            const now = Date.now();
+            if (busy) { window.__nnkIdleSince = undefined; return false; }
+            if (window.__nnkIdleSince === undefined) window.__nnkIdleSince = now;
+            return now - window.__nnkIdleSince >= quietMs;
+        }""", arg=quiet_s * 1000, timeout=timeout_s * 1000, polling=500)
