@@ -73,8 +73,7 @@ def test_parameters_cell_is_teaching_scale_and_larger_profiles_change_it(path: P
 
 def test_profiles_are_the_three_scales() -> None:
     """Three scales: ci (teaching), record (about 90 min per chapter on two cores), paper; a
-    record run fits its budget of 90 min; the scale once called ``full`` is ``paper`` and its old
-    name is refused."""
+    record run fits its budget of 90 min; no other name reaches a profile."""
     import yaml
 
     data = yaml.safe_load(run_chapters.PROFILES.read_text())

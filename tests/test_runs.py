@@ -321,8 +321,8 @@ def test_record_refuses_failed_or_foreign_runs(tmp_path: Path) -> None:
 
 
 def test_record_survives_a_full_disk(tmp_path: Path) -> None:
-    """Issue 14: written in place, a 1,180-byte record became 300 bytes of invalid JSON when
-    the disk filled up. A file-size limit in a child process stands in for the full disk."""
+    """A record is written atomically: written in place, a 1,180-byte record would become 300 bytes
+    of invalid JSON when the disk fills up. A file-size limit in a child process stands in for the full disk."""
     import os
     import subprocess
     import sys
