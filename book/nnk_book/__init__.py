@@ -1,7 +1,8 @@
 """Notebook plumbing for the chapters of *Neural Network Kernels*.
 
 The chapters import what they need from here instead of copying it from chapter to
-chapter: seeded generators and result recording (:mod:`nnk_book.results`), the book's
+chapter: the preamble every chapter opens with, one call to :func:`setup` (threads, seeds,
+figure style, glue and the quiet-progress ``sweep``: :mod:`nnk_book.chapter`), seeded generators and result recording (:mod:`nnk_book.results`), the book's
 figure style and its legibility check (:mod:`nnk_book.figures`), and widgets whose
 figures are drawn at execution time so that they work in the static HTML book, where
 there is no kernel (:mod:`nnk_book.widgets`), readers of committed benchmark results
@@ -17,7 +18,8 @@ it. It is installed with the project (``pip install -e .``), so a notebook needs
 ``sys.path`` edits.
 """
 
-from nnk_book.store import ResultStore, sweep
+from nnk_book.store import ResultStore
+from nnk_book.chapter import Chapter, Progress, chapter_threads, live_kernel, setup, sweep
 from nnk_book.stats import format_interval, intervals_separate, mean_interval, verdict
 from nnk_book.training import (
     attention_output,
@@ -40,12 +42,14 @@ from nnk_book.results import Recorder, configure_torch, generator, html_table, i
 from nnk_book.widgets import Choice, figure_explorer
 
 __all__ = [
+    "Chapter",
     "Choice",
     "FigureLegibilityError",
     "Recorder",
     "ResultStore",
     "attention_output",
     "bench_results",
+    "chapter_threads",
     "check_legible",
     "configure_torch",
     "converged",
@@ -59,16 +63,19 @@ __all__ = [
     "html_table",
     "idle_threads",
     "intervals_separate",
+    "live_kernel",
     "machine_line",
     "mean_interval",
     "mean_pool",
     "paper_scale_rows",
     "plain",
     "plot_seed_losses",
+    "Progress",
     "plot_smoothed",
     "pooled_tail",
     "random_batches",
     "recorded_run",
+    "setup",
     "show_recorded_run",
     "smooth",
     "sweep",
