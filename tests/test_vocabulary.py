@@ -229,7 +229,8 @@ def _code(path: Path) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_chapter_opens_with_the_one_preamble_call(path: Path) -> None:
     source = "\n".join(src for _, src in _code(path))
-    assert len(re.findall(r"\bnnk_book\.setup\(seed\b", source)) == 1, f"{path.stem} calls nnk_book.setup(seed, ...) once"
+    calls = re.findall(r"\bnnk_book\.setup\(seed\b", source)
+    assert len(calls) == 1, f"{path.stem} calls nnk_book.setup(seed, ...) once"
     for own in ("configure_torch(", "use_book_style(", "Recorder(", "functools.partial(nnk_book.generator",
                 "partial(nnk_book.generator", "file=sys.stderr"):
         assert own not in source, f"{path.stem}: {own!r} belongs to nnk_book.setup"
@@ -273,16 +274,16 @@ ALLOWED = {
     "finetune": "numbers: ch. 6 and 7 fine-tune with their own criteria windows and checkpoint schedules; "
                 "both already use nnk_book.train_loop and nnk_book.converged",
     "keep_input": "differs: local forward hooks of different modules",
-    "last_fifth_change": "numbers: four convergence measures (point vs. window means, relative vs. absolute) "
-                         "whose teaching values would move under one formula",
+    "last_fifth_change": "numbers: nnk_book's (chapters 1 and 5) compares two points; ch. 2 compares the means of "
+                         "the last two tenths and ch. 4 of the last two fifths, whose teaching values would move "
+                         "under one formula",
     "lm_run": "differs: ch. 4 trains Toeplitz language models, ch. 5 LookupFFN ones (sweep functions)",
-    "max_rel_err": "numbers: ch. 4 in numpy, ch. 5 in torch (float32 inputs stay float32 there)",
     "probe_loss": "differs: local loss probes of each chapter's fine-tuning",
     "rel_err": "differs: ch. 3 and 7 take the Frobenius norm, ch. 6 the largest entry",
     "train_classifier": "differs: ch. 2 an Adam MLP loop, ch. 4 a Toeplitz network loop",
     "train_lm": "differs: ch. 4 and 5 train different models with different schedules",
-    "train_to_criterion": "numbers: ch. 1 continues a run, ch. 3 and 4 restart it with twice the steps, each "
-                          "with its own criterion",
+    "train_to_criterion": "numbers: ch. 1 continues a gradient-descent run to 2x and 4x its steps, logging on "
+                          "its own grid; nnk_book's (ch. 3 and 4) restarts the run with twice the steps",
     "widget_alt": "differs: each widget's alternative text",
 }
 #: Method names every torch module or class defines.
@@ -320,5 +321,42 @@ def test_no_function_is_defined_twice_across_the_chapters_or_again_beside_nnk_bo
                      f"and call it (or add it to ALLOWED with the reason): {new}")
     stale = sorted(set(ALLOWED) - set(repeated))
     assert not stale, f"ALLOWED names that are no longer repeated (remove them): {stale}"
-    for name in ("sweep", "converged", "train_loop", "frozen_copy", "setup"):
+    for name in ("sweep", "converged", "train_loop", "frozen_copy", "setup", "max_rel_err"):
         assert name not in repeated, f"{name} is nnk_book's and no chapter redefines it"
+
+
+# --- shared measures -----------------------------------------------------------------
+
+def test_last_fifth_change_at_logged_steps_and_at_even_points() -> None:
+    # chapter 1: losses logged at steps, 0.8 T among them
+    assert nnk_book.last_fifth_change([4.0, 2.0, 1.25, 1.0], steps=[0, 5, 8, 10]) == pytest.approx(0.25)
+    # chapter 5: evenly spaced points, the point round(0.8 (n - 1))
+    assert nnk_book.last_fifth_change([5.0, 4.0, 3.0, 2.0, 1.5, 1.0]) == pytest.approx(0.5)
+    assert nnk_book.last_fifth_change([-4.0, -3.0, -2.0, -1.5, -1.0, -0.5]) == pytest.approx(1.0), "relative to |v(T)|"
+    with pytest.raises(ValueError, match="round"):
+        nnk_book.last_fifth_change([1.0, 2.0, 3.0], steps=[0, 1, 3])
+    with pytest.raises(ValueError, match="one step per value"):
+        nnk_book.last_fifth_change([1.0, 2.0], steps=[0, 1, 2])
+    with pytest.raises(ValueError, match="two"):
+        nnk_book.last_fifth_change([1.0])
+
+
+def test_max_rel_err_keeps_the_operands_precision() -> None:
+    import numpy as np
+
+    want = torch.tensor([1.0, -4.0], dtype=torch.float64)
+    assert nnk_book.max_rel_err(np.array([1.0, -3.0]), want) == 0.25
+    got32, want32 = torch.tensor([1.0, 1.0 / 3.0]), torch.tensor([1.0, 0.3])
+    assert nnk_book.max_rel_err(got32, want32) == float((got32 - want32).abs().max() / want32.abs().max())
+    assert nnk_book.max_rel_err([0.0], torch.zeros(1, dtype=torch.float64)) == 0.0
+
+
+def test_train_to_criterion_doubles_until_the_criterion_is_met() -> None:
+    assert nnk_book.train_to_criterion(lambda s: s, 10, lambda r: r >= 40) == (40, 40, [10, 20, 40])
+    assert nnk_book.train_to_criterion(lambda s: s, 10, lambda r: False) == (40, 40, [10, 20, 40]), "at most twice"
+    assert nnk_book.train_to_criterion(lambda s: s, 10, lambda r: False, max_doublings=0) == (10, 10, [10])
+    assert nnk_book.train_to_criterion(lambda s: s, 10, lambda r: True) == (10, 10, [10])
+    for bad in ({"steps": 0}, {"max_doublings": -1}):
+        kwargs = {"steps": 10, "max_doublings": 2, **bad}
+        with pytest.raises(ValueError):
+            nnk_book.train_to_criterion(lambda s: s, met=lambda r: True, **kwargs)
