@@ -360,3 +360,37 @@ def test_train_to_criterion_doubles_until_the_criterion_is_met() -> None:
         kwargs = {"steps": 10, "max_doublings": 2, **bad}
         with pytest.raises(ValueError):
             nnk_book.train_to_criterion(lambda s: s, met=lambda r: True, **kwargs)
+
+
+def _global_stores(tree: ast.AST) -> set[str]:
+    """Names a cell binds in the notebook's namespace (outside functions, classes, lambdas and
+    comprehensions, which have scopes of their own)."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp,
+                                  ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(child.name)
+                continue
+            if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                names.add(child.id)
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_chapter_rebinds_the_preambles_names(path: Path) -> None:
+    # a later `sweep = {}` at the top level of a cell would replace nnk_book's sweep for every cell below
+    for name in ("book", "generator", "record", "sweep"):
+        cells = [cid for cid, src in _code(path) if name in _global_stores(ast.parse(src))]
+        assert len(cells) <= 1, f"{path.stem}: {name} is bound in cells {cells}; only the preamble binds it"
+
+
+def test_global_stores_see_blocks_but_not_function_scopes() -> None:
+    tree = ast.parse("with a:\n    sweep = {}\ndef f():\n    record = 1\nx = [generator for generator in y]\n"
+                     "for book in z:\n    pass\n")
+    assert _global_stores(tree) == {"sweep", "f", "x", "book"}
