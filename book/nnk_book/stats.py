@@ -97,3 +97,15 @@ def format_interval(values: Sequence[float], spec: str) -> str:
     ``".3f"``); one value has no interval and shows a half-width of 0."""
     mean, half = mean_interval(values)
     return f"{mean:{spec}} ± {0.0 if math.isnan(half) else half:{spec}}"
+
+
+def max_rel_err(got, want) -> float:
+    """Largest entrywise difference relative to the largest entry of the reference:
+    :math:`\\max |g - w| / \\max(\\max |w|, 10^{-300})`, in the precision of the operands (a
+    ``float32`` pair stays ``float32``; a ``float32``/``float64`` pair is compared in
+    ``float64``). ``got`` and ``want`` are tensors or arrays (broadcast as torch does). How chapters 4
+    (Toeplitz operators) and 5 (LookupFFN) check a hand-built computation against the package."""
+    import torch
+
+    got, want = torch.as_tensor(got), torch.as_tensor(want)
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-300))

@@ -1,4 +1,4 @@
-"""Fine-tuning plumbing shared by chapters 6 (MLP fusion) and 7 (FFN replacements).
+"""Training vocabulary of the chapters, and the fine-tuning plumbing of chapters 6 and 7.
 
 Both chapters fine-tune a classifier on top of a frozen MiniLM (a ``transformers``
 ``BertModel``) whose upper FFNs were compressed or replaced. Everything below the first
@@ -18,6 +18,9 @@ output of that block once and run only the *tail* of the encoder from there:
   weights with the original;
 * :func:`converged`: the chapters' convergence criterion (the loss changed by at most
   ``max(0.03 nats, 10 %)`` between the last two checkpoints or windows);
+* :func:`last_fifth_change`: the relative change of a loss curve over the last fifth of
+  training (chapters 1 and 5), and :func:`train_to_criterion`: a run repeated with twice
+  the steps until it meets a criterion (chapters 3 and 4);
 * :func:`smooth` and :func:`plot_smoothed`: moving averages of loss curves.
 
 The methods themselves (the compressions, eq. 6 of chapter 6, the replacements of
@@ -38,6 +41,7 @@ __all__ = [
     "encoder_tail",
     "frozen_copy",
     "hidden_states",
+    "last_fifth_change",
     "mean_pool",
     "plot_seed_losses",
     "pooled_tail",
@@ -45,6 +49,7 @@ __all__ = [
     "random_batches",
     "smooth",
     "train_loop",
+    "train_to_criterion",
     "warmup_linear_decay",
 ]
 
@@ -220,6 +225,28 @@ def converged(values: Sequence[float], window: int = 1, nats: float = 0.03, rela
     return bool(change <= max(nats, relative * before)), change
 
 
+def last_fifth_change(values: Sequence[float], steps: Optional[Sequence[int]] = None) -> float:
+    """The relative change of a loss curve over the last fifth of training,
+    :math:`|v(T) - v(0.8 T)| / |v(T)|`: chapter 1's convergence measure (gradient-descent
+    losses logged at ``steps``, among which ``round(0.8 T)`` must be) and chapter 5's
+    (evenly spaced points, ``steps=None``: :math:`v(0.8 T)` is the point
+    ``round(0.8 (n - 1))``). Each chapter compares it with its own tolerance."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if v.size < 2:
+        raise ValueError(f"values must hold at least two losses, got {v.size}")
+    if steps is None:
+        i = int(round(0.8 * (v.size - 1)))
+    else:
+        steps = list(steps)
+        if len(steps) != v.size:
+            raise ValueError(f"steps must hold one step per value ({v.size}), got {len(steps)}")
+        try:
+            i = steps.index(round(0.8 * steps[-1]))
+        except ValueError:
+            raise ValueError(f"steps must include round(0.8 * {steps[-1]}) = {round(0.8 * steps[-1])}") from None
+    return float(abs(v[i] - v[-1]) / abs(v[-1]))
+
+
 def smooth(values: Sequence[float], width: int) -> np.ndarray:
     """Moving average of ``width`` consecutive values (``'valid'`` part: ``n - width + 1``
     values; ``width`` is clipped to ``[1, n]``). Entry ``i`` averages values ``i..i+width-1``."""
@@ -277,6 +304,27 @@ def random_batches(n: int, batch_size: int, steps: int, generator: torch.Generat
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     for _ in range(steps):
         yield torch.randint(n, (batch_size,), generator=generator)
+
+
+def train_to_criterion(attempt: Callable[[int], Any], steps: int, met: Callable[[Any], bool],
+                       max_doublings: int = 2) -> tuple[Any, int, list]:
+    """Train to a stated convergence criterion whatever the seed: ``run = attempt(steps)``;
+    while ``met(run)`` is false, ``attempt`` again with twice the steps, at most
+    ``max_doublings`` times (the last run is kept whether it meets the criterion or not).
+    ``attempt`` makes each run from the same initialisation (a fresh model, the same seeds),
+    so a longer run repeats the shorter one's start. Returns ``(last run, its steps, every
+    run)``. Chapters 3 (the bundled network's SGD and its MLP baseline) and 4 (Toeplitz
+    networks and language models), each with its own criterion in ``met``."""
+    steps = _positive_int("steps", steps)
+    if isinstance(max_doublings, bool) or not isinstance(max_doublings, int) or max_doublings < 0:
+        raise ValueError(f"max_doublings must be a non-negative int, got {max_doublings!r}")
+    runs = []
+    for doubling in range(max_doublings + 1):
+        runs.append(attempt(steps))
+        if doubling == max_doublings or met(runs[-1]):
+            break
+        steps *= 2
+    return runs[-1], steps, runs
 
 
 def train_loop(loss_fn: Callable[[Any], Tensor], optimizer: torch.optim.Optimizer, batches: Iterable[Any], *,

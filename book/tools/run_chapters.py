@@ -74,6 +74,7 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from nnk_book.chapter import RUNNER_ENV, runner_threads
 from nnk_book.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,7 +160,7 @@ def runner_env(threads: int, block_network: bool = True) -> dict[str, str]:
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.setdefault("PYTHONHASHSEED", "0")
     env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    env["NN_KERNELS_PROFILE"] = env.get("NN_KERNELS_PROFILE", "")
+    env[RUNNER_ENV] = env.get(RUNNER_ENV, "")  # also tells nnk_book it runs headless
     if block_network:
         env["NN_KERNELS_NO_NETWORK"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(
@@ -458,7 +459,7 @@ def run_one(
     log = out_dir / f"{chapter}.log"
     (out_dir / f"{chapter}.key").unlink(missing_ok=True)
     env = runner_env(threads, block_network)
-    env["NN_KERNELS_PROFILE"] = profile
+    env[RUNNER_ENV] = profile
     env["PYTHONUNBUFFERED"] = "1"
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
         yaml.safe_dump(spec["parameters"], fh)
@@ -645,7 +646,8 @@ def run(
     jobs = max(1, min(jobs or cores, len(todo) or 1, cores))
     # NN_KERNELS_THREADS overrides the split: on a machine shared with other work,
     # 1 thread per chapter avoids OpenMP threads waiting on each other for busy cores.
-    threads = int(os.environ.get("NN_KERNELS_THREADS") or max(1, cores // jobs))
+    # The chapters' nnk_book.setup reads the same variable, then OMP_NUM_THREADS.
+    threads = runner_threads(cores, jobs)
 
     def one(c: str) -> Result:
         lim = limits(specs[c], threads)
