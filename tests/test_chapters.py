@@ -180,3 +180,29 @@ def test_check_value_catches_violations() -> None:
     assert check_value("w", "tied", {"all_tied_of": ["x", "y", "z"]}, glued)
     assert check_value("w", "tied", {"all_tied_of": ["x", "z"]}, glued) == []
     assert check_value("w", "not all tied (x ahead of z)", {"all_tied_of": ["x", "z"]}, glued)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_sweep_progress_stays_off_the_page(executed_chapters, chapter: str) -> None:
+    """Under the runner a sweep writes a line per configuration to stderr (the chapter's log and
+    the runner's hang detection read them); every cell that wrote such lines is tagged
+    ``remove-stderr``, so the page shows none (nor the result store's path), and no progress
+    line reaches stdout, which the page shows."""
+    import re
+
+    import nbformat
+
+    progress = re.compile(r"^\s*\[[\w.-]+\] (\d+ configurations: |\d+/\d+ done)", re.M)
+    nb = nbformat.read(ran_result(executed_chapters, chapter).output, as_version=4)
+    shown = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        tags = set(cell.metadata.get("tags", []))
+        for out in cell.get("outputs", []):
+            if out.get("output_type") != "stream" or not progress.search(out.get("text", "")):
+                continue
+            if out.get("name") == "stdout" or "remove-stderr" not in tags:
+                shown.append(f"{cell.get('id')} ({out.get('name')})")
+    assert not shown, f"{chapter}: sweep progress would show on the page in cells {sorted(set(shown))}"

@@ -172,14 +172,21 @@ def _cube(config: dict) -> int:
     return config["x"] ** 3
 
 
-def test_sweep_progress_goes_to_stdout_never_stderr(tmp_path, capsys) -> None:
+def test_sweep_progress_goes_to_the_log_headless_and_to_one_stdout_line_live(tmp_path, capsys) -> None:
+    # headless (the runner, pytest): a line per configuration on stderr, which the pages leave out
     got = nnk_book.sweep(_cube, [{"x": 2}, {"x": 3}], "cubes", store=tmp_path)
     assert got == [8, 27]
     out, err = capsys.readouterr()
-    assert err == ""
-    assert "[cubes] 2 configurations: 0 stored, 2 to compute here" in out and "[cubes] 2/2 done" in out
+    assert out == ""
+    assert "[cubes] 2 configurations: 0 stored, 2 to compute here" in err and "[cubes] 2/2 done" in err
+    assert len(err.strip().splitlines()) == 3
     assert nnk_book.sweep(_cube, [{"x": 2}], name="cubes", store=tmp_path, progress=None) == [8]
     assert capsys.readouterr() == ("", "")
+    # live (a reader's kernel): stdout only, one line that ends once
+    live = Progress(True)
+    assert nnk_book.sweep(_cube, [{"x": 4}, {"x": 5}], "cubes", store=tmp_path, progress=live) == [64, 125]
+    out, err = capsys.readouterr()
+    assert err == "" and out.endswith("\n") and out.count("\n") == 1 and "\r" in out
 
 
 def test_sweep_ends_the_live_line_when_fn_raises(tmp_path) -> None:

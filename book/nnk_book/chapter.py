@@ -17,9 +17,10 @@ and gets
 * ``generator(*tags)``: :func:`nnk_book.results.generator` with the chapter's seed;
 * ``record(name, value)``: a :class:`nnk_book.results.Recorder` that glues results;
 * ``sweep(fn, configs, name)``: :func:`nnk_book.store.sweep` (results stored per
-  configuration) with :class:`Progress`: quiet progress on stdout, one line that updates in
-  a live kernel, one line per configuration in the runner's log (its hang detection reads
-  them), never stderr (which JupyterLab shows as red error boxes).
+  configuration) with :class:`Progress`: in a live kernel one line on stdout that updates
+  (never stderr, which JupyterLab shows as red error boxes); under the runner one line per
+  configuration on stderr, which reaches the chapter's log (the runner's hang detection reads
+  it) and which the book's pages leave out (the sweep's cells are tagged ``remove-stderr``).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ _NOTHING_TO_DO = re.compile(r" configurations: \d+ stored, 0 to compute")
 
 class Progress:
     """Receives :func:`nnk_book.store.sweep`'s progress lines and writes them to ``stream``
-    (default stdout).
+    (default: stdout in a live kernel, stderr under the runner).
 
     ``live=True`` (a reader's kernel): one line that each update overwrites (a carriage
     return, which JupyterLab and terminals honour) and that ends with a newline when the
@@ -126,7 +127,9 @@ class Progress:
         self._width = 0  # length of the line now shown (live), 0 when none is open
 
     def _out(self) -> TextIO:
-        return self.stream if self.stream is not None else sys.stdout
+        if self.stream is not None:
+            return self.stream
+        return sys.stdout if self.live else sys.stderr
 
     def __call__(self, line: str) -> None:
         line = str(line).replace("\n", " ")
