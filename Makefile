@@ -6,13 +6,14 @@ RECORD_PROFILE ?= record
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help book test test-load env lab bench record clean clean-results
+.PHONY: help book test test-lab test-load env lab bench record clean clean-results
 
 help:  ## list the targets
 	@echo "make book    [PROFILE=ci|record|paper] [CHAPTERS=\"01_ntk ...\"] [ASSETS=cdn]"
 	@echo "               run the chapters (unchanged ones are reused) and build _build/html"
 	@echo "               (a failed chapter's page is built and marked; the exit status is then 3)"
 	@echo "make test    every test: package, chapters (ci profile), book, browser"
+	@echo "make test-lab  chapters 1 and 4 run in JupyterLab in Chromium, read as in the book (~20 min)"
 	@echo "make test-load [CHAPTERS=\"01_ntk ...\"]  chapters on one core shared with 2 busy loops"
 	@echo "               (3x busier) must pass, and a hanging cell must be stopped and named (~10 min)"
 	@echo "make lab     JupyterLab in .venv with chapters/ open, read as in the book (run a chapter as a reader would)"
@@ -36,6 +37,10 @@ book: env
 test: env
 	@bash book/tools/ensure_chromium.sh
 	$(PY) -m pytest
+
+test-lab: env
+	@bash book/tools/ensure_chromium.sh
+	NN_KERNELS_LAB_CHAPTERS=1 $(PY) -m pytest tests/test_lab.py
 
 test-load: env
 	$(PY) book/tools/load_test.py $(if $(CHAPTERS),--chapters $(CHAPTERS))
