@@ -10,7 +10,7 @@ Each module implements the methods one chapter derives (see ``chapters/``):
 * :mod:`kernels.surgery` -- FFN surgery: find, capture and replace a model's FFN blocks (chapter 7; used by chapters 3, 6).
 * :mod:`kernels.ffn` -- every FFN replacement behind one signature, and their counts (chapter 7).
 
-README.md ("The package, bottom to top") maps every module in import order; no module
+The book's guide page (book/guide.md, "The package, bottom to top") maps every module in import order; no module
 imports one that imports it back (``tests/test_layout.py``).
 
 Shared plumbing lives in :mod:`kernels.device` (device selection and device checks) and
@@ -48,7 +48,7 @@ class PackageCollisionWarning(RuntimeWarning):
 
 
 def collision_advice() -> str:
-    """What to do when the PyPI package ``kernels`` shares the environment (README, Troubleshooting)."""
+    """What to do when the PyPI package ``kernels`` shares the environment (book/guide.md, Troubleshooting)."""
     return (
         "The unrelated PyPI package 'kernels' also installs a top-level package named "
         "'kernels'; with both in one environment one hides the other, and uninstalling "

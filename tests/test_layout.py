@@ -475,23 +475,23 @@ def test_surgery_and_compressed_layers_are_the_same_objects_everywhere() -> None
     assert ffn.bert_snnk_counts is snnk.bert_snnk_counts
 
 
-def test_readme_maps_every_module_bottom_to_top() -> None:
-    """README's "The package, bottom to top": one line per module, each after every module
-    it imports (a package's ``__init__`` stands for its parts)."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### The package, bottom to top", 1)[1].split("\n## ", 1)[0]
+def test_guide_maps_every_module_bottom_to_top() -> None:
+    """The book's guide page, "The package, bottom to top": one line per module, each after
+    every module it imports (a package's ``__init__`` stands for its parts)."""
+    text = (ROOT / "book" / "guide.md").read_text()
+    section = text.split("## The package, bottom to top", 1)[1].split("\n## ", 1)[0]
     listed = [module_name(ROOT / line[3:].split("`", 1)[0]) for line in section.splitlines()
               if line.startswith("- `kernels/")]
     graph = import_graph()
     packages = {n for n, p in modules().items() if p.name == "__init__.py"}
     assert len(listed) == len(set(listed))
-    assert set(listed) == set(graph) - packages, "README's map and kernels/ differ"
+    assert set(listed) == set(graph) - packages, "the guide's map and kernels/ differ"
     for i, name in enumerate(listed):
         deps = set()
         for dep in graph[name]:
             deps |= {m for m in graph if m.startswith(dep + ".")} if dep in packages else {dep}
         late = sorted(deps - set(listed[:i]))
-        assert not late, f"README lists {name} before what it imports: {late}"
+        assert not late, f"the guide lists {name} before what it imports: {late}"
 
 
 # ------------------------------------------------------------------------ the input rules

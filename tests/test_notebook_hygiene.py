@@ -1,4 +1,4 @@
-"""Conventions every chapter notebook keeps (see the README, 'Writing a chapter')."""
+"""Conventions every chapter notebook keeps (see the book's guide page, 'Writing a chapter')."""
 
 from __future__ import annotations
 

@@ -853,7 +853,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="inject a parameter on top of the profile's (VALUE is read as YAML); repeatable")
     ap.add_argument("--scheduler", default=None, metavar="ADDRESS",
                     help="a Dask scheduler (tcp://host:8786): each chapter runs as a job on its "
-                         "workers, and the chapters' configurations too (README: On a cluster)")
+                         "workers, and the chapters' configurations too (book/guide.md: On a cluster)")
     ap.add_argument("--summary-json", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--chapters-dir", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--profiles", type=Path, default=None, help=argparse.SUPPRESS)

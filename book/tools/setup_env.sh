@@ -103,7 +103,7 @@ if [ $relock = 1 ]; then
     {
         echo "# Pinned environment for the book, the tests and the benchmarks (Python 3.11, Linux x86-64)."
         echo "# Used as a pip constraints file by book/tools/setup_env.sh; environment.yml mirrors it."
-        echo "# Regenerate with: book/tools/setup_env.sh --relock (see README, 'Pins')."
+        echo "# Regenerate with: book/tools/setup_env.sh --relock (see book/guide.md, 'Pins, and why')."
         "${pip[@]}" freeze --exclude-editable | sed -E 's/^(torch==[^+]*)\+cpu$/\1/' \
             | grep -viE '^(ffht-unofficial|pybind11|setuptools)=='
         # The optional [bench] block is kept as it was (it is not part of this resolve).
