@@ -212,7 +212,8 @@ def _demo_notebook(path: Path) -> None:
         nbformat.v4.new_markdown_cell(
             "(demo-section)=\n## A section\n\nThe error is {glue:text}`demo_error:.3f` with "
             "{glue:text}`demo_activation` {cite}`jacot2018ntk`; see {ref}`ntk-lazy` and "
-            "{numref}`fig-ntk-lazy`.\n\n```{note}\nIn a note: {glue:text}`demo_error:.1e`.\n```"),
+            "{numref}`fig-ntk-lazy`. Recorded: {recorded}`02_random_features/rf_siren_psnr_gap:.1f` dB and "
+            "{recorded}`rf_siren_psnr_gap:.2f` dB.\n\n```{note}\nIn a note: {glue:text}`demo_error:.1e`.\n```"),
         nbformat.v4.new_code_cell(
             "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
             metadata={"tags": ["hide-input"], "mystnb": {"figure": {
@@ -240,7 +241,7 @@ def _check_notebook_reads(page, figures: int, folded: int, outputs_folded: int) 
     prose = "\n".join(page.locator(".jp-MarkdownCell .jp-RenderedMarkdown").all_text_contents())
     if len(prose) < 100:
         wrong.append(f"the prose is missing: {prose!r}")
-    for raw in ("{glue:text}", "{cite}", "{ref}", "{numref}", "{doc}", "```{", ":::{", ")=\n"):
+    for raw in ("{glue:text}", "{recorded}", "{cite}", "{ref}", "{numref}", "{doc}", "```{", ":::{", ")=\n"):
         if raw in prose:
             wrong.append(f"the prose shows {raw!r}")
     pending = page.locator('.jp-RenderedMarkdown[data-nnk-pending]:not([data-nnk-pending="0"])')
@@ -293,6 +294,13 @@ def test_demo_notebook_reads_as_in_the_book_after_run_all(tmp_path, lab_server) 
         assert "The error is 0.012 with relu [Jacot et al. 2018]" in prose, prose
         assert "Wide networks train like linear models and Figure 1.1." in prose, prose
         assert "In a note: 1.2e-02." in prose, prose
+        from myst_nb.core.variables import format_plain_text
+
+        gap = json.loads((EXTENSION / "nnk-lab" / "static" / "recorded.json").read_text()
+                         )["02_random_features"]["values"]["rf_siren_psnr_gap"]
+        assert (f"Recorded: {format_plain_text(gap, '.1f')}[record] dB and "
+                f"{format_plain_text(gap, '.2f')}[record] dB.") in prose, prose
+        assert "record run of" in (page.locator(".nnk-lab-recorded").first.get_attribute("title") or "")
         assert _expected(root / "demo.ipynb") == {"figures": 1, "folded": 2, "outputs_folded": 1}
         assert _check_notebook_reads(page, **_expected(root / "demo.ipynb")) == []
         assert page.locator(".nnk-lab-caption mjx-container, .nnk-lab-caption .MathJax").count() >= 1, \
