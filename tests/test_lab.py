@@ -3,8 +3,9 @@
 * Folding: every cell that the book hides by a tag is collapsed in JupyterLab
   (``book/tools/lab_metadata.py`` keeps ``metadata.jupyter`` in step with the tags).
 * Prose: the extension ``book/lab/nnk-lab`` renders the chapters' MyST in Markdown cells:
-  glued numbers formatted as myst-nb formats them, references as text, notes as quotes,
-  and each figure's caption under its cell.
+  glued numbers formatted as myst-nb formats them, recorded values (``{recorded}``) from
+  ``recorded.json`` formatted the same way with their provenance, references as text, notes
+  as quotes, and each figure's caption under its cell.
 * A real JupyterLab in Chromium: after "Run All", the prose shows numbers and no raw
   role, the figures have their captions, and the folded cells are collapsed.
 """
@@ -37,7 +38,8 @@ needs_chromium = pytest.mark.skipif(
 
 
 def test_lab_metadata_is_up_to_date() -> None:
-    """Folding and the reference index follow the chapters (rerun the tool after a change)."""
+    """Folding, the reference index and the recorded values follow the chapters and records
+    (rerun the tool after a change)."""
     proc = subprocess.run([sys.executable, str(ROOT / "book" / "tools" / "lab_metadata.py"), "--check"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, (
@@ -132,22 +134,68 @@ def test_numbers_are_formatted_as_myst_nb_formats_them() -> None:
 def test_every_role_and_directive_of_the_chapters_is_rendered() -> None:
     """No MyST role or directive is left in any Markdown cell once the chapter has run."""
     index = json.loads((EXTENSION / "nnk-lab" / "static" / "references.json").read_text())
+    recorded = json.loads((EXTENSION / "nnk-lab" / "static" / "recorded.json").read_text())
     cells = []
     for path in CHAPTERS:
         for cell in nbformat.read(str(path), as_version=4).cells:
             if cell.cell_type == "markdown":
                 names = re.findall(r"\{glue:text\}`([^`:]*)", cell.source)
-                cells.append({"source": cell.source, "values": {n: "0.5" for n in names}})
+                cells.append({"source": cell.source, "values": {n: "0.5" for n in names}, "chapter": path.stem})
     out = _node("console.log(JSON.stringify(input.cells.map(c => { const st = {values: c.values,"
-                " index: input.index, pending: 0}; return [lab.mystToMarkdown(c.source, st), st.pending]; })));",
-                {"cells": cells, "index": index})
+                " index: input.index, recorded: input.recorded, chapter: c.chapter, pending: 0};"
+                " return [lab.mystToMarkdown(c.source, st), st.pending]; })));",
+                {"cells": cells, "index": index, "recorded": recorded})
     left = [text[:200] for text, pending in out if pending or ROLE.search(text)
-            or re.search(r"^\s*(```|:::)\{", text, re.M) or re.search(r"^\([^)]*\)=\s*$", text, re.M)]
+            or re.search(r"^\s*(```|:::)\{", text, re.M) or re.search(r"^\([^)]*\)=\s*$", text, re.M)
+            or "(not recorded)" in text]
     assert not left, left[:5]
+    assert any("{recorded}" in c["source"] for c in cells), "no chapter uses the role {recorded} any more"
     before = _node("const st = {values: {}, index: {}, pending: 0};"
                    "console.log(JSON.stringify([lab.mystToMarkdown(input, st), st.pending]));",
                    "The error is {glue:text}`ntk_error:.3f`.")
     assert before == ["The error is ⟨ntk\\_error⟩.", 1]
+
+
+def test_recorded_values_are_each_chapters_largest_record() -> None:
+    """``recorded.json`` holds what the book's ``{recorded}`` role reads: the values of the
+    chapter's largest record as Python reprs (as glued values are), its facts and provenance."""
+    recorded = json.loads((EXTENSION / "nnk-lab" / "static" / "recorded.json").read_text())
+    runs = ROOT / "book" / "runs"
+    for path in CHAPTERS:
+        files = [runs / f"{path.stem}.{profile}.json" for profile in ("paper", "record")]
+        file = next((f for f in files if f.exists()), None)
+        if file is None:
+            assert path.stem not in recorded
+            continue
+        data = json.loads(file.read_text())
+        entry = recorded[path.stem]
+        assert entry["values"] == {k: repr(v) for k, v in data["values"].items() if v is not None}
+        assert entry["facts"]["profile"] == repr(data["profile"]) and entry["facts"]["recorded"] == repr(data["recorded"])
+        assert data["commit"] in entry["title"] and file.name in entry["title"]
+
+
+@needs_node
+def test_the_recorded_role_reads_as_the_book_renders_it() -> None:
+    """``{recorded}`[chapter/]name:spec``: the record's value formatted as the book formats it
+    (``book/_ext/recorded.py``), then a mark ``[profile]`` whose title is its provenance."""
+    from myst_nb.core.variables import format_plain_text
+
+    def format_value(value: object, spec: str) -> str:  # as book/_ext/recorded.py formats a value
+        return format_plain_text(repr(value), spec)
+
+    recorded = {"02_random_features": {"title": "record run of 2026-11-29, commit abc & <x>",
+                                       "values": {"rf_gap": repr(13.24999), "rf_data": repr("digits (8x8)")},
+                                       "facts": {"recorded": repr("2026-11-29"), "minutes": repr(341.6),
+                                                 "threads": repr(1), "profile": repr("record")}}}
+    source = ("Gap {recorded}`rf_gap:.1f` dB on {recorded}`rf_data`, recorded {recorded}`@recorded` in "
+              "{recorded}`@minutes:.0f` min; {recorded}`02_random_features/rf_gap:.3f`; {recorded}`rf_none`")
+    out = _node("const st = {values: {}, index: {}, recorded: input, chapter: null, pending: 0};"
+                f"console.log(JSON.stringify([lab.mystToMarkdown({json.dumps(source)}, st), st.pending]));", recorded)
+    mark = '<sup class="nnk-lab-recorded" title="record run of 2026-11-29, commit abc &amp; &lt;x&gt;">[record]</sup>'
+    text = out[0].replace(mark, "[R]")
+    want = (f"Gap {format_value(13.24999, '.1f')}[R] dB on digits (8x8)[R], recorded 2026-11-29[R] in "
+            f"{format_value(341.6, '.0f')}[R] min; {format_value(13.24999, '.3f')}[R]; (not recorded)")
+    assert [text, out[1]] == [want, 0]
 
 
 # --- In a real JupyterLab ------------------------------------------------------------
@@ -164,7 +212,8 @@ def _demo_notebook(path: Path) -> None:
         nbformat.v4.new_markdown_cell(
             "(demo-section)=\n## A section\n\nThe error is {glue:text}`demo_error:.3f` with "
             "{glue:text}`demo_activation` {cite}`jacot2018ntk`; see {ref}`ntk-lazy` and "
-            "{numref}`fig-ntk-lazy`.\n\n```{note}\nIn a note: {glue:text}`demo_error:.1e`.\n```"),
+            "{numref}`fig-ntk-lazy`. Recorded: {recorded}`02_random_features/rf_siren_psnr_gap:.1f` dB and "
+            "{recorded}`rf_siren_psnr_gap:.2f` dB.\n\n```{note}\nIn a note: {glue:text}`demo_error:.1e`.\n```"),
         nbformat.v4.new_code_cell(
             "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
             metadata={"tags": ["hide-input"], "mystnb": {"figure": {
@@ -192,7 +241,7 @@ def _check_notebook_reads(page, figures: int, folded: int, outputs_folded: int) 
     prose = "\n".join(page.locator(".jp-MarkdownCell .jp-RenderedMarkdown").all_text_contents())
     if len(prose) < 100:
         wrong.append(f"the prose is missing: {prose!r}")
-    for raw in ("{glue:text}", "{cite}", "{ref}", "{numref}", "{doc}", "```{", ":::{", ")=\n"):
+    for raw in ("{glue:text}", "{recorded}", "{cite}", "{ref}", "{numref}", "{doc}", "```{", ":::{", ")=\n"):
         if raw in prose:
             wrong.append(f"the prose shows {raw!r}")
     pending = page.locator('.jp-RenderedMarkdown[data-nnk-pending]:not([data-nnk-pending="0"])')
@@ -245,6 +294,13 @@ def test_demo_notebook_reads_as_in_the_book_after_run_all(tmp_path, lab_server) 
         assert "The error is 0.012 with relu [Jacot et al. 2018]" in prose, prose
         assert "Wide networks train like linear models and Figure 1.1." in prose, prose
         assert "In a note: 1.2e-02." in prose, prose
+        from myst_nb.core.variables import format_plain_text
+
+        gap = json.loads((EXTENSION / "nnk-lab" / "static" / "recorded.json").read_text()
+                         )["02_random_features"]["values"]["rf_siren_psnr_gap"]
+        assert (f"Recorded: {format_plain_text(gap, '.1f')}[record] dB and "
+                f"{format_plain_text(gap, '.2f')}[record] dB.") in prose, prose
+        assert "record run of" in (page.locator(".nnk-lab-recorded").first.get_attribute("title") or "")
         assert _expected(root / "demo.ipynb") == {"figures": 1, "folded": 2, "outputs_folded": 1}
         assert _check_notebook_reads(page, **_expected(root / "demo.ipynb")) == []
         assert page.locator(".nnk-lab-caption mjx-container, .nnk-lab-caption .MathJax").count() >= 1, \

@@ -190,8 +190,6 @@ def test_bench_results_and_recorded_runs_are_found_through_the_package() -> None
     assert run is not None and run["values"] and run["current"] in (True, False, None)
     assert records.recorded_run("03_bundling", run["profile"])["values"] == run["values"]
     assert records.recorded_run("01_ntk", "no_profile") is None
-    rows = records.paper_scale_rows([("a", "x", "{:.2f}"), ("b", "y", "{}")], {"x": 1.234}, {"values": {"y": "s"}})
-    assert rows == [["a", "1.23", "—"], ["b", "—", "s"]]
     assert records.machine_line({"cpu": "c", "threads": 2}) == "cpu = c, threads = 2"
 
 
@@ -287,21 +285,6 @@ def test_run_seconds_adds_the_earlier_starts() -> None:
     assert nnk_book.records.run_seconds({"seconds": None}) is None
     assert nnk_book.records.run_starts({"seconds": 1.0}) == 1
     assert nnk_book.records.run_starts({"seconds": 1.0, "earlier_starts_seconds": [50.0, 25.5]}) == 3
-
-
-def test_show_recorded_run_glues_the_record(capsys, monkeypatch, tmp_path) -> None:
-    record = Recorder(glue=False)
-    data = nnk_book.show_recorded_run("03_bundling", "bnd", [("x", "bnd_reg_splits", "{}")], {"bnd_reg_splits": 3},
-                                      record)
-    assert data is not None
-    assert record.results["bnd_full_reg_splits"] == data["values"]["bnd_reg_splits"]
-    assert record.results["bnd_full_current"] in (True, False)
-    assert record.results["bnd_full_minutes"] == nnk_book.records.run_seconds(data) / 60
-    assert "recorded" in capsys.readouterr().out
-    missing = Recorder(glue=False)
-    monkeypatch.setattr(nnk_book.records, "RUNS", tmp_path)  # a chapter with no record at all
-    assert nnk_book.show_recorded_run("01_ntk", "ntk", [("y", "ntk_a", "{}")], {}, missing) is None
-    assert missing.results["ntk_full_a"] == "n/a" and missing.results["ntk_full_current"] is False
 
 
 # --- nnk_book.stats: verdicts and formatted intervals -------------------------------------

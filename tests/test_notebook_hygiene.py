@@ -140,3 +140,27 @@ def test_every_chapter_is_in_the_toc() -> None:
     files = {c["file"] for part in toc["parts"] for c in part["chapters"]}
     for path in NOTEBOOKS:
         assert f"chapters/{path.stem}" in files, f"{path.name} is not in _toc.yml"
+
+
+GLUED_IN_CODE = re.compile(r"""\brecord\(\s*f?(["'])(?P<name>[^"']+)\1""")
+GLUED_IN_PROSE = re.compile(r"\{glue(?::\w+)?\}`(?P<name>[^`:]+)")
+FULL_SCALE_NAME = re.compile(r"_full(_|\{|$)")
+READS_A_RECORD = re.compile(r"\b(show_recorded_run|largest_recorded_run|recorded_run|current_record)\b"
+                            r"|\b\w+\.(record|paper)\.json\b")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_numbers_flow_one_way(path: Path) -> None:
+    """A chapter glues only what its own run computed: no name of the retired ``full`` scale
+    (``*_full_*``, ``*_full``), and no value read back from a record in ``book/runs/``, which
+    reaches the page through the ``{recorded}`` role instead."""
+    cells = _nb(path).cells
+    glued = {m["name"] for c in cells if c.cell_type == "code" for m in GLUED_IN_CODE.finditer(c.source)}
+    glued |= {m["name"].strip() for c in cells if c.cell_type == "markdown" for m in GLUED_IN_PROSE.finditer(c.source)}
+    assert glued, f"{path.name}: found no glued name (has the way chapters glue changed?)"
+    full = sorted(name for name in glued if FULL_SCALE_NAME.search(name))
+    assert not full, f"{path.name} glues names of the retired full scale: {full}"
+    readers = [(c.get("id"), m.group(0)) for c in cells if c.cell_type == "code"
+               for m in READS_A_RECORD.finditer(c.source)]
+    assert not readers, (f"{path.name} reads a record of book/runs/ in a code cell {readers}: "
+                         "show recorded values with the {recorded} role in the prose")

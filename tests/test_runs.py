@@ -20,7 +20,7 @@ import nbformat
 import pytest
 import yaml
 
-from record_run import RECORD_META, record, results_of_this_run
+from record_run import record
 from nnk_book import checks as claim_checks
 from nnk_book.records import RECORD_PROFILES
 from test_chapters import load_expected, parse_expected
@@ -255,10 +255,6 @@ def _executed(tmp_path: Path, *, chapter: str = "02_random_features", exception:
         "display_data",
         data={"application/papermill.record/text/plain": "inf"},
         metadata={"scrapbook": {"name": "rf_y", "mime_prefix": "application/papermill.record/"}},
-    ), nbformat.v4.new_output(
-        "display_data",
-        data={"application/papermill.record/text/plain": "0.5"},
-        metadata={"scrapbook": {"name": "rf_full_x", "mime_prefix": "application/papermill.record/"}},
     )]
     cell.metadata["papermill"] = {"exception": exception}
     nb.cells = [cell]
@@ -273,7 +269,7 @@ def test_record_writes_the_glued_values(tmp_path: Path) -> None:
     out = record(_executed(tmp_path), "record", "a note", 2, out_dir=tmp_path / "runs")
     data = json.loads(out.read_text())
     assert out.name == "02_random_features.record.json"
-    assert data["values"] == {"rf_x": 1.5, "rf_y": "inf"}  # rf_full_x: an earlier record's value, left out
+    assert data["values"] == {"rf_x": 1.5, "rf_y": "inf"}
     assert data["seconds"] == 12.3 and data["parameters"] == {"seed": 0} and data["note"] == "a note"
     assert data["machine"]["threads"] == 2 and data["machine"]["logical_cores"] >= 1
 
@@ -287,28 +283,6 @@ def test_a_resumed_run_keeps_its_earlier_starts(tmp_path: Path) -> None:
     for bad in ([0.0], [-5.0], [float("nan")]):
         with pytest.raises(ValueError, match="earlier_seconds"):
             record(_executed(tmp_path), "record", "", 2, out_dir=tmp_path / "bad", earlier_seconds=bad)
-
-
-def test_only_copies_of_an_earlier_record_are_left_out() -> None:
-    glued = {"rf_x": 1.0, "rf_full_x": 2.0, "rf_full_recorded": "2026-11-23", "rf_full_minutes": 85.0,
-             "rf_full_threads": 2, "rf_full_current": False,
-             # results whose names merely contain "_full_": no rf_width_max_err beside it, another prefix
-             "fus_full_width_max_err": 1e-6, "fus_widget_full_svd_sign_rel": 0.3}
-    assert results_of_this_run(glued) == {"rf_x": 1.0, "fus_full_width_max_err": 1e-6,
-                                          "fus_widget_full_svd_sign_rel": 0.3}
-
-
-def test_what_show_recorded_run_glues_is_left_out() -> None:
-    # the two ends of one convention: every name the chapter's "At paper scale" section glues about an
-    # earlier record is dropped when that chapter's run is recorded, and its own results are kept
-    from nnk_book import Recorder, show_recorded_run
-
-    glued = Recorder(glue=False)
-    show_recorded_run("03_bundling", "bnd", [("x", "bnd_reg_splits", "{}")], {"bnd_reg_splits": 3}, glued)
-    recorded = json.loads((ROOT / "book" / "runs" / "03_bundling.record.json").read_text())["values"]
-    copies = {f"bnd_full_{name[4:]}" for name in recorded}  # every recorded value, for the prose
-    assert set(glued.results) == copies | {f"bnd_full_{m}" for m in RECORD_META}
-    assert results_of_this_run({**glued.results, **recorded}) == recorded
 
 
 def test_record_refuses_failed_or_foreign_runs(tmp_path: Path) -> None:
@@ -364,7 +338,7 @@ def test_a_record_keeps_the_fingerprint_of_its_teaching_run(tmp_path: Path) -> N
     out = record(_executed(tmp_path), "record", "", 1, out_dir=tmp_path / "runs", teaching=teaching,
                  declared={"seed": 0})
     data = json.loads(out.read_text())
-    assert data["teaching_fingerprint"]["values"] == {"rf_x": 1.5, "rf_y": "inf"}  # the copy rf_full_x left out
+    assert data["teaching_fingerprint"]["values"] == {"rf_x": 1.5, "rf_y": "inf"}
     assert data["teaching_fingerprint"]["commit"] == data["commit"] and data["set"] == {"seed": 0}
     with pytest.raises(ValueError, match="declared"):
         record(_executed(tmp_path), "record", "", 1, out_dir=tmp_path / "runs", declared={"seed": 5})

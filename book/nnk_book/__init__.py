@@ -41,7 +41,7 @@ from nnk_book.training import (
     train_to_criterion,
     warmup_linear_decay,
 )
-from nnk_book.records import bench_results, machine_line, paper_scale_rows, recorded_run, show_recorded_run
+from nnk_book.records import bench_results, machine_line, recorded_run
 from nnk_book.figures import FigureLegibilityError, check_legible, figure_png, use_book_style
 from nnk_book.results import Recorder, configure_torch, generator, html_table, idle_threads, plain
 from nnk_book.widgets import Choice, figure_explorer
@@ -74,7 +74,6 @@ __all__ = [
     "max_rel_err",
     "mean_interval",
     "mean_pool",
-    "paper_scale_rows",
     "plain",
     "plot_seed_losses",
     "Progress",
@@ -83,7 +82,6 @@ __all__ = [
     "random_batches",
     "recorded_run",
     "setup",
-    "show_recorded_run",
     "smooth",
     "sweep",
     "train_loop",

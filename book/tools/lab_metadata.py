@@ -9,13 +9,16 @@ same lesson as a reader of the page.
 It also writes the reference index that the JupyterLab extension ``book/lab/nnk-lab``
 uses to render the chapters' MyST roles: the title of every ``(label)=`` target, the
 number of every named figure ("Figure 1.3", as the book numbers them), the title of every
-page, and a short author-year form of every bibliography entry.
+page, and a short author-year form of every bibliography entry. Beside it, ``recorded.json``
+holds what the role ``{recorded}`` shows (``book/_ext/recorded.py``): each chapter's largest
+record in ``book/runs/``, its values as Python reprs (as glued values are), its facts
+(``@recorded``, ``@minutes``, ...) and one line of provenance.
 
     python book/tools/lab_metadata.py           # rewrite what is out of date
     python book/tools/lab_metadata.py --check   # list what is out of date, exit 1 if any
 
-Both outputs are a pure function of the chapters, the book's pages and
-``book/references.bib``: rerun the tool after changing any of them (``tests/test_lab.py``
+The outputs are a pure function of the chapters, the book's pages, ``book/references.bib``
+and the records: rerun the tool after changing any of them (``tests/test_lab.py``
 fails until then).
 """
 
@@ -35,6 +38,8 @@ CHAPTERS = ROOT / "chapters"
 PAGES = ROOT / "book"
 BIBLIOGRAPHY = ROOT / "book" / "references.bib"
 INDEX = ROOT / "book" / "lab" / "nnk-lab" / "static" / "references.json"
+RECORDED = INDEX.with_name("recorded.json")
+RUNS = ROOT / "book" / "runs"
 
 # Which part of a cell each book tag hides (myst-nb's and jupyter-book's tags).
 SOURCE_TAGS = {"hide-input", "remove-input", "hide-cell", "remove-cell"}
@@ -161,12 +166,48 @@ def reference_index(chapters: list[Path], pages: list[Path], bibliography: Path)
             for key, table in (("cite", cite), ("doc", doc), ("numref", numref), ("ref", ref))}
 
 
+def record_facts(data: dict[str, Any]) -> dict[str, Any]:
+    """The facts ``@name`` of a record that the ``{recorded}`` role knows (``book/_ext/recorded.py``)."""
+    from nnk_book.records import run_seconds, run_starts
+
+    seconds = run_seconds(data)
+    return {"recorded": data.get("recorded"), "minutes": None if seconds is None else seconds / 60,
+            "starts": run_starts(data), "threads": data.get("machine", {}).get("threads"),
+            "profile": data.get("profile"), "commit": data.get("commit")}
+
+
+def recorded_index(chapters: list[Path], runs: Path = RUNS) -> dict[str, dict[str, Any]]:
+    """``{chapter: {"title", "values", "facts"}}`` of each chapter's largest record (``paper``
+    before ``record``): values and facts as Python reprs, which the extension formats as it
+    formats glued values; ``title``: where the record comes from. Whether the record is current
+    needs the chapter's teaching run, which only the book's build has: the title does not say."""
+    from nnk_book.records import RECORD_PROFILES
+
+    index: dict[str, dict[str, Any]] = {}
+    for path in chapters:
+        found = [runs / f"{path.stem}.{profile}.json" for profile in RECORD_PROFILES]
+        file = next((f for f in found if f.exists()), None)
+        if file is None:
+            continue
+        data = json.loads(file.read_text(encoding="utf-8"))
+        machine = data.get("machine", {})
+        title = (f"{data.get('profile', '?')} run of {data.get('recorded', '?')}, commit {data.get('commit', '?')}, "
+                 f"{machine.get('cpu', '?')}, {machine.get('threads', '?')} thread(s) "
+                 f"(book/runs/{file.name})")
+        index[path.stem] = {
+            "title": title,
+            "values": {name: repr(v) for name, v in sorted(data.get("values", {}).items()) if v is not None},
+            "facts": {name: repr(v) for name, v in record_facts(data).items() if v is not None},
+        }
+    return index
+
+
 def _notebook_text(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb) + "\n"
 
 
 def out_of_date(write: bool) -> list[Path]:
-    """The files (chapters, reference index) that differ from what the tool makes; rewrite them if ``write``."""
+    """The files (chapters, reference index, recorded values) that differ from what the tool makes; rewrite them if ``write``."""
     stale: list[Path] = []
     chapters = sorted(CHAPTERS.glob("*.ipynb"))
     for path in chapters:
@@ -176,13 +217,15 @@ def out_of_date(write: bool) -> list[Path]:
             stale.append(path)
             if write:
                 path.write_text(folded, encoding="utf-8")
-    index = json.dumps(reference_index(chapters, sorted(PAGES.glob("*.md")), BIBLIOGRAPHY),
-                       indent=1, ensure_ascii=False) + "\n"
-    if not INDEX.exists() or INDEX.read_text(encoding="utf-8") != index:
-        stale.append(INDEX)
-        if write:
-            INDEX.parent.mkdir(parents=True, exist_ok=True)
-            INDEX.write_text(index, encoding="utf-8")
+    made = {INDEX: reference_index(chapters, sorted(PAGES.glob("*.md")), BIBLIOGRAPHY),
+            RECORDED: recorded_index(chapters)}
+    for file, content in made.items():
+        text = json.dumps(content, indent=1, ensure_ascii=False) + "\n"
+        if not file.exists() or file.read_text(encoding="utf-8") != text:
+            stale.append(file)
+            if write:
+                file.parent.mkdir(parents=True, exist_ok=True)
+                file.write_text(text, encoding="utf-8")
     return stale
 
 

@@ -23,14 +23,13 @@ import json
 import math
 import os
 import platform
-import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
-from nnk_book.records import RECORD_META, RECORD_PROFILES, fingerprint, hash_cells, machine_dependent
+from nnk_book.records import RECORD_PROFILES, fingerprint, hash_cells, machine_dependent
 from nnk_book.files import atomic_write_text
 from nnk_book.results import read_glued
 
@@ -73,26 +72,6 @@ def executed_code_hash(nb: Any) -> str:
     return hash_cells(source)
 
 
-#: a name :func:`nnk_book.records.show_recorded_run` may have glued from an earlier record (chapters
-#: 2 and 3 until their "At paper scale" sections use the ``{recorded}`` role; then this goes)
-_COPY = re.compile(r"^(?P<prefix>[a-z0-9]+)_full_(?P<rest>.+)$")
-
-
-def results_of_this_run(glued: dict[str, Any]) -> dict[str, Any]:
-    """The glued values minus the copies of an earlier record.
-
-    A chapter's section "At paper scale" (:func:`nnk_book.records.show_recorded_run`) glues the
-    record it read as ``<prefix>_full_<name>`` beside this run's ``<prefix>_<name>``, plus
-    ``<prefix>_full_recorded|minutes|threads|current``: those are not results of this run. Any
-    other name that contains ``_full_`` (chapter 6's ``fus_full_width_max_err``) is a result.
-    """
-    def copied(name: str) -> bool:
-        m = _COPY.match(name)
-        return bool(m) and (m["rest"] in RECORD_META or f"{m['prefix']}_{m['rest']}" in glued)
-
-    return {name: v for name, v in glued.items() if not copied(name)}
-
-
 def parse_set(items: list[str] | None) -> dict[str, Any]:
     """``["use_real_data=false", "n_test=832"]`` (``run_chapters.py --set``) as a dict of values."""
     import yaml
@@ -123,7 +102,7 @@ def teaching_fingerprint(teaching: Path, chapter: str, code_hash: str, commit: s
     if executed_code_hash(nb) != code_hash:
         raise ValueError(f"teaching: {teaching} ran other chapter code than the record (code hash "
                          f"{executed_code_hash(nb)} against {code_hash})")
-    values = {name: _jsonable(v) for name, v in results_of_this_run(read_glued(teaching)).items()}
+    values = {name: _jsonable(v) for name, v in read_glued(teaching).items()}
     key = Path(teaching).with_suffix(".key")  # run_chapters.py writes the run's thread count beside it
     threads = json.loads(key.read_text()).get("threads") if key.exists() else None
     return {"commit": commit, "made": made, "threads": threads,
@@ -170,7 +149,7 @@ def record(
         summary = Path(executed).parent / "summary.json"
         if summary.exists():
             threads = next((r.get("threads") for r in json.loads(summary.read_text()) if r.get("chapter") == chapter), None)
-    values = results_of_this_run(read_glued(executed))
+    values = read_glued(executed)
     if not values:
         raise ValueError(f"{executed} has no glued values; was it executed?")
     if threads is None:

@@ -11,6 +11,9 @@
 //     does; before the chapter has run it shows the name in angle brackets;
 //   * references read as text from book/lab/nnk-lab/static/references.json (written by
 //     book/tools/lab_metadata.py): author-year citations, section titles, figure numbers;
+//   * a {recorded}`[chapter/]name:spec` value (book/_ext/recorded.py) shows the value of the
+//     chapter's largest record, from recorded.json beside it (written by the same tool),
+//     formatted as a glued value, with a mark [profile] whose title says where it comes from;
 //   * directives become block quotes with their title, and (label)= lines disappear;
 // and it adds each figure's caption below its cell, and folds again after a run the
 // outputs that the book hides (JupyterLab unfolds a cell's outputs when it runs it).
@@ -29,6 +32,8 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
   var NAME = 'nnk-lab';
   var SCRIPT = typeof document !== 'undefined' && document.currentScript ? document.currentScript.src : '';
   var INDEX_URL = SCRIPT.replace(/[^/]*$/, 'references.json');
+  var RECORDED_URL = SCRIPT.replace(/[^/]*$/, 'recorded.json');
+  var NOT_RECORDED = '(not recorded)';
   var GLUE_MIME = 'application/papermill.record/text/plain';
   var shareScope = null;
 
@@ -223,6 +228,43 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
     return String(text).replace(/([\\`*_[\]<>#|$])/g, '\\$1');
   }
 
+  function escapeHtml(text) {
+    return String(text).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
+  }
+
+  function chapterOf(path) {
+    // "chapters/02_random_features.ipynb" -> "02_random_features"
+    return path ? String(path).replace(/^.*\//, '').replace(/\.ipynb$/, '') : null;
+  }
+
+  function recordedRole(content, state) {
+    // {recorded}`[chapter/]name[:spec]`: as book/_ext/recorded.py's split_target reads it.
+    var colon = content.indexOf(':');
+    var where = colon >= 0 ? content.slice(0, colon) : content;
+    var spec = colon >= 0 ? content.slice(colon + 1).trim() : '';
+    var slash = where.lastIndexOf('/');
+    var name = where.slice(slash + 1).trim();
+    var records = state.recorded || {};
+    var chapter = slash >= 0 ? where.slice(0, slash).trim() : state.chapter;
+    if (!(chapter in records) && slash < 0 && name.charAt(0) !== '@') {
+      // the notebook's own chapter is not known: the chapter whose record has the name
+      chapter = Object.keys(records).filter(function (c) { return name in records[c].values; })[0];
+    }
+    var record = records[chapter];
+    var table = record && (name.charAt(0) === '@' ? record.facts : record.values);
+    var key = name.charAt(0) === '@' ? name.slice(1) : name;
+    if (!table || !(key in table)) return escapeMarkdown(NOT_RECORDED);
+    var text;
+    try {
+      text = formatPython(table[key], spec);
+    } catch (err) {
+      text = String(pythonValue(table[key]).text || table[key]);
+    }
+    var profile = pythonValue(record.facts.profile || "'record'");
+    return escapeMarkdown(text) + '<sup class="nnk-lab-recorded" title="' + escapeHtml(record.title) + '">[' +
+      escapeHtml(typeof profile === 'object' ? profile.text : profile) + ']</sup>';
+  }
+
   function target(content) {
     // "text <label>" or "label"
     var m = /^([\s\S]*?)\s*<([^<>]+)>\s*$/.exec(content);
@@ -245,6 +287,7 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
         return escapeMarkdown(state.values[key]);
       }
     }
+    if (name === 'recorded') return recordedRole(content, state);
     if (name === 'cite' || name === 'cite:p' || name === 'cite:t') {
       var keys = content.split(',').map(function (k) { return k.trim(); });
       var texts = keys.map(function (k) { return (index.cite && index.cite[k]) || k; });
@@ -292,7 +335,21 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
     return argument ? name + ': ' + argument : name;
   }
 
+  function guessChapter(source, records) {
+    // The chapter whose record has a name that the text's {recorded} roles quote without a
+    // chapter (each chapter's names have their own prefix); null when none does.
+    var found = null;
+    source.replace(/\{recorded\}`([^`/:@]+)[:`]/g, function (_, name) {
+      if (found === null) {
+        found = Object.keys(records || {}).filter(function (c) { return name.trim() in records[c].values; })[0] || null;
+      }
+      return '';
+    });
+    return found;
+  }
+
   function mystToMarkdown(source, state) {
+    if (!state.chapter && state.recorded) state.chapter = guessChapter(source, state.recorded);
     var out = [];
     var lines = source.split('\n');
     var stack = []; // open directives: {fence, prefix, kind}
@@ -381,7 +438,9 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
   }
 
   function makePlugin(rendermimeModule, notebookModule) {
+    var tracker = null;
     var index = {};
+    var recorded = {};
     var values = {};
     var renderers = new Set();
 
@@ -394,11 +453,20 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
     document.head.appendChild(style);
 
     class BookMarkdown extends rendermimeModule.RenderedMarkdown {
+      constructor(options) {
+        super(options);
+        this.nnkResolver = options.resolver; // in a notebook: knows the notebook's path
+      }
+
       render(model) {
         this.nnkModel = model;
         renderers.add(this);
         var source = String(model.data['text/markdown'] || '');
-        var state = { values: values, index: index, pending: 0 };
+        var path = this.nnkResolver && this.nnkResolver.path;
+        if (!path && tracker && tracker.currentWidget && tracker.currentWidget.context) {
+          path = tracker.currentWidget.context.path;
+        }
+        var state = { values: values, index: index, recorded: recorded, chapter: chapterOf(path), pending: 0 };
         var text = mystToMarkdown(source, state);
         this.nnkGlued = glueNames(source);
         this.node.dataset.nnkPending = String(state.pending);
@@ -459,7 +527,8 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
       description: "Renders the book's MyST roles, notes and figure captions in notebooks.",
       autoStart: true,
       requires: [rendermimeModule.IRenderMimeRegistry, notebookModule.INotebookTracker],
-      activate: function (app, registry, tracker) {
+      activate: function (app, registry, notebooks) {
+        tracker = notebooks;
         registry.addFactory({
           safe: true,
           mimeTypes: ['text/markdown'],
@@ -467,12 +536,15 @@ var _JUPYTERLAB = typeof window === 'undefined' ? {} : window._JUPYTERLAB || (wi
           createRenderer: function (options) { return new BookMarkdown(options); }
         }, 60);
 
-        fetch(INDEX_URL).then(function (r) { return r.ok ? r.json() : {}; }).catch(function () { return {}; })
-          .then(function (data) {
-            index = data || {};
-            rerender(null);
-            tracker.forEach(addCaptions);
-          });
+        function load(url) {
+          return fetch(url).then(function (r) { return r.ok ? r.json() : {}; }).catch(function () { return {}; });
+        }
+        Promise.all([load(INDEX_URL), load(RECORDED_URL)]).then(function (data) {
+          index = data[0] || {};
+          recorded = data[1] || {};
+          rerender(null);
+          tracker.forEach(addCaptions);
+        });
 
         var signature = '';
         function refresh() {
