@@ -55,6 +55,7 @@ record: env
 	rm -rf _build/run/ci-results; NN_KERNELS_THREADS=1 NN_KERNELS_RESULTS=_build/run/ci-results $(PY) book/tools/run_chapters.py --profile ci --no-cache --out _build/run $(CHAPTERS)
 	$(PY) book/tools/run_chapters.py --profile $(RECORD_PROFILE) --out _build/run $(foreach s,$(SET),--set $(s)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) $(CHAPTERS)
 	for c in $(CHAPTERS); do $(PY) book/tools/record_run.py _build/run/$(RECORD_PROFILE)/$$c.ipynb --profile $(RECORD_PROFILE) --teaching _build/run/ci/$$c.ipynb $(foreach s,$(SET),--set $(s)) --note "$(NOTE)" || exit 1; done
+	$(PY) book/tools/lab_metadata.py
 
 # (adds the [bench] extra, the third-party anchors, to .venv: book/tools/setup_env.sh --bench)
 bench: env
