@@ -71,6 +71,8 @@ def linear_multiply_adds(layer: nn.Module) -> int:
     """Multiply-adds per token of an :func:`is_linear` layer: :math:`d_{in} d_{out}` for
     ``nn.Linear``, the layer's own ``multiply_adds()`` for the compressed layers of
     :mod:`kernels.linear`."""
+    if not is_linear(layer):
+        raise TypeError(f"layer must be nn.Linear, CompressedLinear or LowRankLinear, got {type(layer).__name__}")
     if isinstance(layer, (CompressedLinear, LowRankLinear)):
         return layer.multiply_adds()
     return int(layer.in_features) * int(layer.out_features)

@@ -409,3 +409,17 @@ def test_fusion_tuned_from_a_given_fusion() -> None:
     other = REPLACEMENTS["fusion"](ffn, budget_for_hidden(ffn, 8), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="fused"):
         REPLACEMENTS["fusion_tuned"](ffn, budget, inputs=x, outputs=y, fused=other)
+
+
+def test_linear_multiply_adds_counts_each_linear_kind_and_names_bad_input() -> None:
+    from torch import nn
+
+    from kernels.linear import LowRankLinear
+    from kernels.surgery import linear_multiply_adds
+
+    assert linear_multiply_adds(nn.Linear(6, 4)) == 24  # d_in d_out, a naive count
+    low = LowRankLinear(torch.randn(4, 2), torch.randn(2, 6), None)
+    assert linear_multiply_adds(low) == low.multiply_adds() == 2 * (6 + 4)  # r (in + out)
+    for bad in ("not a module", nn.Sequential(nn.Linear(2, 2)), nn.ReLU()):
+        with pytest.raises(TypeError, match="layer"):
+            linear_multiply_adds(bad)
