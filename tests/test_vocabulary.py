@@ -281,8 +281,7 @@ ALLOWED = {
     "finetune": "numbers: ch. 6 and 7 fine-tune with their own criteria windows and checkpoint schedules; "
                 "both already use nnk_book.train_loop and nnk_book.converged",
     "keep_input": "differs: local forward hooks of different modules",
-    "last_fifth_change": "numbers: nnk_book's (ch. 5, and ch. 1's measure at logged steps with steps=, which ch. 1 "
-                         "still defines itself until its switch is re-checked at teaching scale) compares two "
+    "last_fifth_change": "numbers: nnk_book's (ch. 1 and 5; ch. 1 at its logged steps, steps=) compares two "
                          "points; ch. 2 compares the means of the last two tenths and ch. 4 of the last two fifths, "
                          "whose teaching values would move under one formula",
     "lm_run": "differs: ch. 4 trains Toeplitz language models, ch. 5 LookupFFN ones (sweep functions)",
